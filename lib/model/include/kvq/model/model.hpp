@@ -1,0 +1,56 @@
+#pragma once
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+
+#include "kvq/model/capture.hpp"
+#include "kvq/model/config.hpp"
+
+namespace kvq {
+
+struct ModelWeights;  // defined in src/
+
+// A Llama-family decoder (Llama, Mistral, Qwen2, llama2.c) in LibTorch, inference only.
+class Model {
+ public:
+  // `path` is an HF directory (config.json + model.safetensors or model.safetensors.index.json)
+  // or a llama2.c .bin checkpoint. Throws kvq::Error naming the file and field on bad input.
+  static Model load(const std::string& path);
+
+  Model(Model&&) noexcept;
+  Model& operator=(Model&&) noexcept;
+  ~Model();
+
+  const ModelConfig& config() const { return config_; }
+  const std::string& path() const { return path_; }
+  // sha256 of config.json (HF) or of the llama2.c header bytes: identifies the architecture.
+  const std::string& config_sha256() const { return config_sha256_; }
+
+  struct ForwardOptions {
+    CaptureObserver* observer = nullptr;
+    KvTransform* kv_transform = nullptr;
+    bool logits = true;     // false: skip final norm + lm_head (capture-only passes)
+    int64_t pos0 = 0;       // position of the first token
+  };
+  // ids: [B, T] int64 (or [T]); each row is one causal window. Returns logits [B, T, V] fp32
+  // (undefined tensor when opts.logits is false).
+  at::Tensor forward(const at::Tensor& ids, const ForwardOptions& opts) const;
+  at::Tensor forward(const at::Tensor& ids) const { return forward(ids, ForwardOptions{}); }
+
+ private:
+  Model();
+  ModelConfig config_;
+  std::string path_, config_sha256_;
+  std::unique_ptr<ModelWeights> w_;
+};
+
+// Applies RoPE in place to x [..., T, H, d] (fp32, contiguous) at the given positions; the same
+// routine the forward uses, exposed for tests and for post-RoPE codecs.
+void apply_rope(float* x, int64_t rows_per_pos, int seq, int head_dim, const int64_t* positions,
+                const ModelConfig& cfg, bool inverse = false);
+
+// Sets LibTorch intra-op threads (n <= 0: all cores). Returns the count set.
+int set_threads(int n);
+
+}  // namespace kvq

@@ -1,0 +1,49 @@
+# Shared by scripts/demo, scripts/test, scripts/artifacts: install what is missing, configure, build.
+# Sourced, not run.
+set -euo pipefail
+KVQ_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+KVQ_BUILD=${KVQ_BUILD:-$KVQ_ROOT/build}
+KVQ_SHARED=${KVQ_SHARED:-$(cd "$KVQ_ROOT/.." && pwd)/shared}
+
+# Debian packages kvq builds and runs with. libopenblas0-pthread keeps LibTorch off reference BLAS
+# (16x slower); bible-kjv is the default calibration corpus (the demo model was trained on it).
+KVQ_PACKAGES=(cmake ninja-build ccache g++ pkg-config libtorch-dev libopenblas0-pthread
+  libeigen3-dev libhdf5-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libsentencepiece-dev
+  libgtest-dev libgmock-dev libbenchmark-dev python3-jsonschema bible-kjv)
+
+kvq_log() { printf '\033[1m[kvq]\033[0m %s\n' "$*" >&2; }
+
+kvq_install() {
+  local missing=()
+  for p in "${KVQ_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then return 0; fi
+  kvq_log "installing ${missing[*]}"
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+kvq_build() {
+  export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvq-ccache}
+  export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+  if [ ! -f "$KVQ_BUILD/build.ninja" ]; then
+    kvq_log "configuring in $KVQ_BUILD"
+    cmake -S "$KVQ_ROOT" -B "$KVQ_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DKVQ_SHARED_DIR="$KVQ_SHARED" "$@" >/dev/null
+  fi
+  kvq_log "building ($(nproc) cores; ccache in $CCACHE_DIR)"
+  cmake --build "$KVQ_BUILD" -j "$(nproc)"
+}
+
+# The default corpus: the King James Bible from Debian's bible-kjv, as plain text.
+kvq_default_corpus() {
+  local out="$KVQ_BUILD/corpus/kjv.txt"
+  if [ ! -s "$out" ]; then
+    mkdir -p "$(dirname "$out")"
+    bible -p /usr/lib gen1:1-rev22:21 >"$out.tmp" && mv "$out.tmp" "$out"
+  fi
+  echo "$out"
+}
