@@ -1,0 +1,282 @@
+#include "kvq/capture/capture.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+
+#include "kvq/corpus/rng.hpp"
+#include "kvq/model/model.hpp"
+#include "kvq/model/tokenizer.hpp"
+#include "kvq/util/error.hpp"
+#include "kvq/util/progress.hpp"
+
+namespace kvq {
+namespace {
+
+int64_t now_unix() {
+  if (const char* e = std::getenv("SOURCE_DATE_EPOCH")) return std::atoll(e);  // reproducible builds
+  return int64_t(std::time(nullptr));
+}
+
+// Folds each layer into the moments and copies the reservoir rows chosen for this batch.
+class CalibObserver : public CaptureObserver {
+ public:
+  CalibObserver(Moments& m, Reservoir& r, const MomentShape& s) : m_(m), r_(r), s_(s) {}
+  // (slot, row in batch = b*T + t) pairs chosen for this batch; later picks of a slot win.
+  std::vector<std::pair<int64_t, int64_t>> picks;
+
+  void on_layer(const LayerCapture& c) override {
+    m_.accumulate(c);
+    const size_t d = size_t(s_.head_dim), L = size_t(s_.n_layers);
+    const size_t nq = size_t(s_.n_heads) * d, nkv = size_t(s_.n_kv_heads) * d;
+    for (auto [slot, row] : picks) {
+      std::copy_n(c.q + row * nq, nq, r_.q.data() + (size_t(slot) * L + size_t(c.layer)) * nq);
+      std::copy_n(c.k + row * nkv, nkv, r_.k.data() + (size_t(slot) * L + size_t(c.layer)) * nkv);
+      std::copy_n(c.v + row * nkv, nkv, r_.v.data() + (size_t(slot) * L + size_t(c.layer)) * nkv);
+    }
+  }
+
+ private:
+  Moments& m_;
+  Reservoir& r_;
+  MomentShape s_;
+};
+
+// Copies whole held-out windows: layout [L][M][T][heads][d].
+class HoldoutObserver : public CaptureObserver {
+ public:
+  HoldoutObserver(Holdout& h, const MomentShape& s, int seq) : h_(h), s_(s), T_(seq) {}
+  int first_window = 0;
+  void on_layer(const LayerCapture& c) override {
+    const size_t d = size_t(s_.head_dim), M = size_t(h_.windows), T = size_t(T_);
+    const size_t nq = size_t(s_.n_heads) * d, nkv = size_t(s_.n_kv_heads) * d;
+    const size_t rows = size_t(c.batch) * T;
+    const size_t base = (size_t(c.layer) * M + size_t(first_window)) * T;
+    std::copy_n(c.q, rows * nq, h_.q.data() + base * nq);
+    std::copy_n(c.k, rows * nkv, h_.k.data() + base * nkv);
+    std::copy_n(c.v, rows * nkv, h_.v.data() + base * nkv);
+  }
+
+ private:
+  Holdout& h_;
+  MomentShape s_;
+  int T_;
+};
+
+void check_resumable(const std::string& out, const CalibFile& old, const CalibProvenance& want,
+                     const std::vector<int64_t>& offsets) {
+  auto mismatch = [&](const std::string& field, const std::string& was, const std::string& now) {
+    throw Error(out, field, "cannot resume: file has '" + was + "', this run has '" + now + "'");
+  };
+  const auto& p = old.prov;
+  if (p.model_config_sha256 != want.model_config_sha256)
+    mismatch("provenance.model_config_sha256", p.model_config_sha256, want.model_config_sha256);
+  if (p.tokenizer_sha256 != want.tokenizer_sha256)
+    mismatch("provenance.tokenizer_sha256", p.tokenizer_sha256, want.tokenizer_sha256);
+  if (p.corpus.size() != want.corpus.size())
+    mismatch("provenance.corpus", std::to_string(p.corpus.size()) + " files", std::to_string(want.corpus.size()) + " files");
+  for (size_t i = 0; i < p.corpus.size(); ++i)
+    if (p.corpus[i].sha256 != want.corpus[i].sha256)
+      mismatch("provenance.corpus[" + std::to_string(i) + "].sha256", p.corpus[i].sha256, want.corpus[i].sha256);
+  auto num = [&](const char* f, int64_t a, int64_t b) {
+    if (a != b) mismatch(std::string("provenance.") + f, std::to_string(a), std::to_string(b));
+  };
+  num("seed", int64_t(p.seed), int64_t(want.seed));
+  num("samples", p.samples, want.samples);
+  num("holdout", p.holdout, want.holdout);
+  num("seq_len", p.seq_len, want.seq_len);
+  num("batch_size", p.batch_size, want.batch_size);
+  num("reservoir_tokens", p.reservoir_tokens, want.reservoir_tokens);
+  if (old.calib_offsets != offsets) throw Error(out, "/windows/calib_offsets", "cannot resume: window plan differs");
+}
+
+}  // namespace
+
+CalibFile run_capture(const CaptureOptions& o) {
+  if (o.out.empty()) throw Error("", "--out", "an output path is required");
+  if (o.batch_size < 1) throw Error("", "--batch", "must be >= 1, got " + std::to_string(o.batch_size));
+  if (o.reservoir_tokens < 0) throw Error("", "--reservoir-tokens", "must be >= 0");
+  if (o.checkpoint_every < 0) throw Error("", "--checkpoint-every", "must be >= 0");
+
+  Model model = Model::load(o.model);
+  const ModelConfig& cfg = model.config();
+  if (o.seq_len > cfg.max_seq_len)
+    throw Error(o.model, "--seq-len",
+                std::to_string(o.seq_len) + " exceeds the model's maximum " + std::to_string(cfg.max_seq_len));
+  const std::string tok_path =
+      o.tokenizer.empty() ? Tokenizer::default_path_for_model(o.model, cfg.vocab_size) : o.tokenizer;
+  auto tok = Tokenizer::load(tok_path);
+
+  spdlog::info("reading corpus ({} path(s))", o.corpus.size());
+  CorpusText text = read_corpus(o.corpus, o.lossy_utf8);
+  for (const auto& f : text.files)
+    if (f.replaced_bytes > 0) spdlog::warn("{}: replaced {} invalid UTF-8 byte(s)", f.path, f.replaced_bytes);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<int32_t> stream = tokenize_corpus(text, [&](const std::string& s) { return tok->encode(s); });
+  spdlog::info("tokenized {} tokens in {:.1f} s", stream.size(),
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const std::string corpus_name = o.corpus.size() == 1 ? o.corpus[0] : "corpus";
+  if (stream.empty()) throw Error(corpus_name, "--corpus", "corpus is empty (no tokens)");
+  WindowPlan plan = plan_windows(int64_t(stream.size()), o.seq_len, o.samples, o.holdout, o.seed, cfg.bos_id,
+                                 corpus_name);
+
+  const int64_t wb = o.window_begin, we = o.window_end < 0 ? o.samples : o.window_end;
+  if (wb < 0 || we > o.samples || wb >= we)
+    throw Error("", "--windows", "range " + std::to_string(wb) + ":" + std::to_string(we) + " not within 0:" +
+                                     std::to_string(o.samples));
+  std::vector<int64_t> offsets(plan.calib.begin() + wb, plan.calib.begin() + we);
+
+  MomentShape shape{cfg.n_layers, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim};
+  CalibProvenance prov;
+  prov.tool_version = KVQ_VERSION;
+  prov.model_path = o.model;
+  prov.model_config_sha256 = model.config_sha256();
+  prov.architecture = cfg.architecture;
+  prov.pairing = cfg.pairing;
+  prov.rotary_dim = cfg.rotary_dim;
+  prov.rope_theta = cfg.rope_theta;
+  prov.head_dim = cfg.head_dim;
+  prov.n_layers = cfg.n_layers;
+  prov.n_heads = cfg.n_heads;
+  prov.n_kv_heads = cfg.n_kv_heads;
+  for (int g = 0; g < cfg.n_heads; ++g) prov.gqa_map.push_back(cfg.kv_head_of(g));
+  prov.corpus = text.files;
+  prov.tokenizer_path = tok_path;
+  prov.tokenizer_sha256 = tok->sha256();
+  prov.seed = o.seed;
+  prov.samples = int(offsets.size());
+  prov.holdout = o.holdout;
+  prov.seq_len = o.seq_len;
+  prov.batch_size = o.batch_size;
+  prov.reservoir_tokens = o.reservoir_tokens;
+  prov.n_tokens_corpus = int64_t(stream.size());
+  prov.created_unix = now_unix();
+
+  const int T = o.seq_len;
+  const size_t d = size_t(cfg.head_dim), L = size_t(cfg.n_layers);
+  const size_t nq = size_t(cfg.n_heads) * d, nkv = size_t(cfg.n_kv_heads) * d;
+  auto window_tensor = [&](const std::vector<int64_t>& offs, size_t first, size_t count) {
+    at::Tensor ids = at::empty({int64_t(count), T}, at::kLong);
+    for (size_t i = 0; i < count; ++i) window_ids(stream, plan, offs[first + i], ids.data_ptr<int64_t>() + i * T);
+    return ids;
+  };
+
+  CalibFile c;
+  bool resumed = false;
+  if (o.resume && std::filesystem::exists(o.out)) {
+    c = read_calib(o.out, true);
+    check_resumable(o.out, c, prov, offsets);
+    c.prov.created_unix = prov.created_unix;
+    resumed = true;
+    spdlog::info("resuming {} at window {}/{}", o.out, c.windows_done, offsets.size());
+  } else {
+    if (!o.resume && std::filesystem::exists(o.out))
+      spdlog::warn("{} exists and will be replaced (use --resume to continue it)", o.out);
+    c.prov = prov;
+    c.moments = Moments(shape);
+    c.calib_offsets = offsets;
+    c.holdout_offsets = plan.holdout;
+    c.reservoir.capacity = o.reservoir_tokens;
+    Rng seed_rng(o.seed ^ 0x7265736572766f69ULL);  // reservoir stream independent of the window draw
+    seed_rng.get_state(c.reservoir.rng_state.data());
+    c.reservoir.q.assign(size_t(o.reservoir_tokens) * L * nq, 0.f);
+    c.reservoir.k.assign(size_t(o.reservoir_tokens) * L * nkv, 0.f);
+    c.reservoir.v.assign(size_t(o.reservoir_tokens) * L * nkv, 0.f);
+
+    // Held-out windows first: whole q/k/v, never in the statistics.
+    Holdout& h = c.holdout;
+    h.windows = int(plan.holdout.size());
+    for (int t = 0; t < (h.windows > 0 ? T : 0); ++t) h.positions.push_back(t);
+    h.q.assign(L * h.windows * T * nq, 0.f);
+    h.k.assign(L * h.windows * T * nkv, 0.f);
+    h.v.assign(L * h.windows * T * nkv, 0.f);
+    HoldoutObserver hob(h, shape, T);
+    for (size_t w0 = 0; w0 < plan.holdout.size(); w0 += size_t(o.batch_size)) {
+      size_t n = std::min(size_t(o.batch_size), plan.holdout.size() - w0);
+      at::Tensor ids = window_tensor(plan.holdout, w0, n);
+      h.ids.insert(h.ids.end(), ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n * T);
+      hob.first_window = int(w0);
+      Model::ForwardOptions fo;
+      fo.observer = &hob;
+      fo.logits = false;
+      model.forward(ids, fo);
+    }
+  }
+  // The reservoir payload was sized to capacity; trim to the filled rows only when writing.
+  Reservoir& rv = c.reservoir;
+  int64_t filled = rv.size();
+  if (resumed) {  // re-expand the payload to capacity for in-place replacement
+    rv.q.resize(size_t(rv.capacity) * L * nq, 0.f);
+    rv.k.resize(size_t(rv.capacity) * L * nkv, 0.f);
+    rv.v.resize(size_t(rv.capacity) * L * nkv, 0.f);
+    rv.source.resize(size_t(rv.capacity) * 2, 0);
+  } else {
+    rv.source.assign(size_t(rv.capacity) * 2, 0);
+  }
+  Rng rrng(0);
+  rrng.set_state(rv.rng_state.data());
+
+  auto snapshot = [&](const std::string& path) {
+    CalibFile out = c;  // copy trimmed to the filled reservoir rows
+    out.reservoir.source.resize(size_t(filled) * 2);
+    out.reservoir.q.resize(size_t(filled) * L * nq);
+    out.reservoir.k.resize(size_t(filled) * L * nkv);
+    out.reservoir.v.resize(size_t(filled) * L * nkv);
+    rrng.get_state(out.reservoir.rng_state.data());
+    write_calib(path, out);
+  };
+
+  const char* kill_env = std::getenv("KVQ_TEST_KILL_AFTER_WINDOWS");  // tests: a real SIGKILL mid-run
+  const int64_t kill_after = kill_env ? std::atoll(kill_env) : -1;
+
+  CalibObserver obs(c.moments, rv, shape);
+  const int64_t n_win = int64_t(offsets.size());
+  Progress prog("calib-capture", n_win, "tok", o.quiet);
+  int64_t tokens_done = 0;
+  int64_t last_ckpt = c.windows_done;
+  while (c.windows_done < n_win) {
+    // Batches start at multiples of batch_size, so a resumed run reduces the same batches.
+    const int64_t w0 = c.windows_done;
+    const int64_t n = std::min<int64_t>(o.batch_size - (w0 % o.batch_size), n_win - w0);
+    at::Tensor ids = window_tensor(offsets, size_t(w0), size_t(n));
+    obs.picks.clear();
+    for (int64_t r = 0; r < n * T; ++r) {  // Algorithm R, tokens in window order
+      const int64_t seen = ++rv.seen;
+      int64_t slot = -1;
+      if (filled < rv.capacity) slot = filled++;
+      else if (rv.capacity > 0) {
+        uint64_t j = rrng.below(uint64_t(seen));
+        if (j < uint64_t(rv.capacity)) slot = int64_t(j);
+      }
+      if (slot < 0) continue;
+      obs.picks.emplace_back(slot, r);
+      rv.source[size_t(slot) * 2] = w0 + r / T;  // index into this file's calib_offsets
+      rv.source[size_t(slot) * 2 + 1] = r % T;
+    }
+    Model::ForwardOptions fo;
+    fo.observer = &obs;
+    fo.logits = false;
+    model.forward(ids, fo);
+    c.windows_done += n;
+    tokens_done += n * T;
+    prog.update(c.windows_done, tokens_done);
+    if (o.checkpoint_every > 0 && c.windows_done < n_win && c.windows_done - last_ckpt >= o.checkpoint_every) {
+      snapshot(o.out);
+      last_ckpt = c.windows_done;
+      spdlog::debug("checkpoint at window {}", c.windows_done);
+    }
+    if (kill_after >= 0 && c.windows_done >= kill_after) std::raise(SIGKILL);
+  }
+  prog.finish();
+  snapshot(o.out);
+  spdlog::info("wrote {} ({} calibration windows, {} held out, {} reservoir tokens)", o.out, n_win,
+               c.holdout.windows, filled);
+  return read_calib(o.out, false);
+}
+
+}  // namespace kvq

@@ -1,0 +1,36 @@
+#pragma once
+// One option vocabulary for every kvq tool, defined once. Each add_* registers the flag with the
+// same name, help text and validation everywhere.
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kvq::cli {
+
+struct Common {
+  int verbose = 0;
+  bool quiet = false;
+  int threads = 0;  // 0 = all cores
+};
+
+void add_common(CLI::App& app, Common& c);  // -v/--verbose, -q/--quiet, --threads
+void add_model(CLI::App& app, std::string& model, bool required = true);
+void add_corpus(CLI::App& app, std::vector<std::string>& corpus);
+void add_calib(CLI::App& app, std::string& calib);
+void add_alloc(CLI::App& app, std::string& alloc);
+void add_bpd(CLI::App& app, double& bpd, const std::string& name = "--bpd",
+             const std::string& what = "bits per dimension (budget)");
+void add_out(CLI::App& app, std::string& out, const std::string& what);
+void add_seed(CLI::App& app, uint64_t& seed);
+
+// Applies -v/-q to spdlog (warnings and errors always reach stderr unless -q).
+void apply_common(const Common& c);
+
+// Runs `body` and maps errors to exit codes: kvq::Error -> one line "tool: error: ..." and 2;
+// other exceptions -> 3. CLI11 parse errors are handled by the caller's CLI11_PARSE.
+int run_main(const std::string& tool, const std::function<int()>& body);
+
+}  // namespace kvq::cli

@@ -1,0 +1,72 @@
+#include "kvq/cli/cli.hpp"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "kvq/util/error.hpp"
+
+namespace kvq::cli {
+
+void add_common(CLI::App& app, Common& c) {
+  app.add_flag("-v,--verbose", c.verbose, "more log output (-vv for debug)");
+  app.add_flag("-q,--quiet", c.quiet, "only errors; no progress line");
+  app.add_option("--threads", c.threads, "CPU threads for the forward (0 = all cores)")
+      ->default_val(0)
+      ->check(CLI::Range(0, 4096));
+}
+
+void add_model(CLI::App& app, std::string& model, bool required) {
+  auto* o = app.add_option("--model", model,
+                           "model: HF directory (config.json + safetensors) or llama2.c .bin checkpoint");
+  if (required) o->required();
+}
+
+void add_corpus(CLI::App& app, std::vector<std::string>& corpus) {
+  app.add_option("--corpus", corpus, "UTF-8 text files or folders (repeatable)")->required();
+}
+
+void add_calib(CLI::App& app, std::string& calib) {
+  app.add_option("--calib", calib, "calibration file (.kvqcal.h5) written by calib-capture")->required();
+}
+
+void add_alloc(CLI::App& app, std::string& alloc) {
+  app.add_option("--alloc", alloc, "allocation file (.kvqalloc.h5) written by kvq-allocate")->required();
+}
+
+void add_bpd(CLI::App& app, double& bpd, const std::string& name, const std::string& what) {
+  app.add_option(name, bpd, what)->check(CLI::PositiveNumber);
+}
+
+void add_out(CLI::App& app, std::string& out, const std::string& what) {
+  app.add_option("-o,--out", out, what)->required();
+}
+
+void add_seed(CLI::App& app, uint64_t& seed) {
+  app.add_option("--seed", seed, "seed for every random choice (recorded in the output)")->default_val(0);
+}
+
+void apply_common(const Common& c) {
+  auto logger = spdlog::stderr_color_mt("kvq");
+  logger->set_pattern("[%^%l%$] %v");
+  spdlog::set_default_logger(logger);
+  if (c.quiet) spdlog::set_level(spdlog::level::err);
+  else if (c.verbose >= 2) spdlog::set_level(spdlog::level::debug);
+  else if (c.verbose == 1) spdlog::set_level(spdlog::level::info);
+  else spdlog::set_level(spdlog::level::info);
+}
+
+int run_main(const std::string& tool, const std::function<int()>& body) {
+  try {
+    return body();
+  } catch (const kvq::Error& e) {
+    std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
+    return 3;
+  }
+}
+
+}  // namespace kvq::cli

@@ -1,0 +1,85 @@
+#pragma once
+// The calibration file (.kvqcal.h5): provenance, fp64 moment sums, the calibration reservoir and
+// the held-out windows. Layout: schemas/calibration-file.md. Frozen numbers below.
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvq/corpus/corpus.hpp"
+#include "kvq/model/config.hpp"
+#include "kvq/stats/moments.hpp"
+
+namespace kvq {
+
+inline constexpr const char* kCalibFormat = "kvq-calibration";
+inline constexpr int64_t kCalibVersion = 1;  // written to disk; bump on any layout change
+
+struct CalibProvenance {
+  std::string tool_version;
+  std::string model_path;
+  std::string model_config_sha256;
+  std::string architecture;
+  RopePairing pairing = RopePairing::kSplitHalf;
+  int rotary_dim = 0;
+  double rope_theta = 0.0;
+  int head_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0;
+  std::vector<int> gqa_map;  // query head -> KV head
+  std::vector<CorpusFile> corpus;
+  std::string tokenizer_path, tokenizer_sha256;
+  uint64_t seed = 0;
+  int samples = 0;      // calibration windows planned
+  int holdout = 0;      // held-out windows
+  int seq_len = 0;
+  int batch_size = 0;   // windows per forward batch; fixed so a resumed run reduces identically
+  int reservoir_tokens = 0;
+  std::string dtype = "float32";  // activations as captured
+  int64_t n_tokens_corpus = 0;
+  int n_ranks = 1;
+  int64_t created_unix = 0;  // from SOURCE_DATE_EPOCH when set; excluded from content digests
+};
+
+// Uniform sample of calibration token rows (Algorithm R over tokens in window order).
+struct Reservoir {
+  int64_t capacity = 0;
+  int64_t seen = 0;                      // tokens offered so far
+  std::array<uint64_t, 4> rng_state{};   // generator state, so a resume continues the draw
+  std::vector<int64_t> source;           // [n][2]: (calibration window index, position)
+  std::vector<float> q, k, v;            // [n][L][n_heads|n_kv_heads][d]
+  int64_t size() const { return int64_t(source.size() / 2); }
+};
+
+struct Holdout {
+  std::vector<int64_t> ids;        // [M][T]
+  std::vector<int64_t> positions;  // [T]
+  std::vector<float> q, k, v;      // [L][M][T][n_heads|n_kv_heads][d], pre-RoPE
+  int windows = 0;
+};
+
+struct CalibFile {
+  CalibProvenance prov;
+  Moments moments;
+  std::vector<int64_t> calib_offsets;    // token-stream offsets of the calibration windows
+  std::vector<int64_t> holdout_offsets;
+  int64_t windows_done = 0;              // calibration windows folded into `moments`
+  Reservoir reservoir;
+  Holdout holdout;
+  std::vector<int64_t> window_rank;      // rank that processed each calibration window (MPI)
+
+  MomentShape shape() const { return moments.shape(); }
+  bool complete() const { return windows_done == int64_t(calib_offsets.size()); }
+};
+
+// Atomic write (tmp + fsync + rename).
+void write_calib(const std::string& path, const CalibFile& c);
+// Reads and validates (format, version, shapes, finiteness). `samples` false skips the reservoir
+// and holdout payloads (allocators need only the sums).
+CalibFile read_calib(const std::string& path, bool samples = true);
+
+// sha256 over the statistics and provenance minus the timestamp: identifies the content.
+std::string calib_content_digest(const CalibFile& c);
+
+std::string provenance_to_json(const CalibProvenance& p);
+CalibProvenance provenance_from_json(const std::string& file, const std::string& json);
+
+}  // namespace kvq

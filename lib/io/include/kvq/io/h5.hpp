@@ -1,0 +1,49 @@
+#pragma once
+// Thin HDF5 helpers shared by the calibration and allocation formats. Every failure becomes a
+// kvq::Error naming the file and the object path; nothing of HDF5's own stack is printed.
+#include <H5Cpp.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace kvq::h5 {
+
+void quiet();  // turn off HDF5's automatic error stack printing (once per process)
+
+H5::H5File create(const std::string& path);
+H5::H5File open_read(const std::string& path);  // throws kvq::Error "not an HDF5 file"/unreadable
+H5::Group make_group(H5::Group& parent, const std::string& name);  // no timestamps (deterministic)
+
+void write_attr(H5::H5Object& o, const std::string& name, const std::string& v);
+void write_attr(H5::H5Object& o, const std::string& name, int64_t v);
+void write_attr(H5::H5Object& o, const std::string& name, double v);
+bool has_attr(const H5::H5Object& o, const std::string& name);
+std::string read_attr_str(const std::string& file, const H5::H5Object& o, const std::string& name);
+int64_t read_attr_i64(const std::string& file, const H5::H5Object& o, const std::string& name);
+double read_attr_f64(const std::string& file, const H5::H5Object& o, const std::string& name);
+
+// Datasets are written contiguous, without timestamps; dims are the shape.
+void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const double* data);
+void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const float* data);
+void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const int64_t* data);
+void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const uint64_t* data);
+void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const int32_t* data);
+
+// Reads a dataset after checking its shape equals `expect` (validate before allocating).
+std::vector<double> read_f64(const std::string& file, const H5::Group& g, const std::string& name,
+                             const std::vector<hsize_t>& expect);
+std::vector<float> read_f32(const std::string& file, const H5::Group& g, const std::string& name,
+                            const std::vector<hsize_t>& expect);
+std::vector<int64_t> read_i64(const std::string& file, const H5::Group& g, const std::string& name,
+                              const std::vector<hsize_t>& expect);
+std::vector<uint64_t> read_u64(const std::string& file, const H5::Group& g, const std::string& name,
+                               const std::vector<hsize_t>& expect);
+std::vector<int32_t> read_i32(const std::string& file, const H5::Group& g, const std::string& name,
+                              const std::vector<hsize_t>& expect);
+// Shape of a dataset (throws naming it when absent).
+std::vector<hsize_t> shape_of(const std::string& file, const H5::Group& g, const std::string& name);
+bool exists(const H5::Group& g, const std::string& name);
+H5::Group open_group(const std::string& file, const H5::Group& parent, const std::string& name);
+
+}  // namespace kvq::h5

@@ -1,0 +1,284 @@
+#include "kvq/io/calib_file.hpp"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "kvq/io/h5.hpp"
+#include "kvq/util/atomic_file.hpp"
+#include "kvq/util/error.hpp"
+#include "kvq/util/sha256.hpp"
+
+namespace kvq {
+
+using json = nlohmann::json;
+using Dims = std::vector<hsize_t>;
+
+std::string provenance_to_json(const CalibProvenance& p) {
+  json j;
+  j["tool_version"] = p.tool_version;
+  j["model_path"] = p.model_path;
+  j["model_config_sha256"] = p.model_config_sha256;
+  j["architecture"] = p.architecture;
+  j["rope_pairing"] = to_string(p.pairing);
+  j["rotary_dim"] = p.rotary_dim;
+  j["rope_theta"] = p.rope_theta;
+  j["head_dim"] = p.head_dim;
+  j["n_layers"] = p.n_layers;
+  j["n_heads"] = p.n_heads;
+  j["n_kv_heads"] = p.n_kv_heads;
+  j["gqa_map"] = p.gqa_map;
+  json files = json::array();
+  for (const auto& f : p.corpus)
+    files.push_back({{"path", f.path}, {"sha256", f.sha256}, {"bytes", f.bytes}, {"replaced_bytes", f.replaced_bytes}});
+  j["corpus"] = files;
+  j["tokenizer_path"] = p.tokenizer_path;
+  j["tokenizer_sha256"] = p.tokenizer_sha256;
+  j["seed"] = p.seed;
+  j["samples"] = p.samples;
+  j["holdout"] = p.holdout;
+  j["seq_len"] = p.seq_len;
+  j["batch_size"] = p.batch_size;
+  j["reservoir_tokens"] = p.reservoir_tokens;
+  j["dtype"] = p.dtype;
+  j["n_tokens_corpus"] = p.n_tokens_corpus;
+  j["n_ranks"] = p.n_ranks;
+  j["created_unix"] = p.created_unix;
+  return j.dump(1);
+}
+
+CalibProvenance provenance_from_json(const std::string& file, const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception&) {
+    throw Error(file, "/@provenance", "not valid JSON");
+  }
+  CalibProvenance p;
+  auto get = [&](const char* key, auto& out) {
+    if (!j.contains(key)) throw Error(file, std::string("provenance.") + key, "missing");
+    try {
+      j.at(key).get_to(out);
+    } catch (const std::exception&) {
+      throw Error(file, std::string("provenance.") + key, "wrong type: " + j.at(key).dump());
+    }
+  };
+  get("tool_version", p.tool_version);
+  get("model_path", p.model_path);
+  get("model_config_sha256", p.model_config_sha256);
+  get("architecture", p.architecture);
+  std::string pairing;
+  get("rope_pairing", pairing);
+  try {
+    p.pairing = rope_pairing_from_string(pairing);
+  } catch (const Error&) {
+    throw Error(file, "provenance.rope_pairing", "unknown value '" + pairing + "'");
+  }
+  get("rotary_dim", p.rotary_dim);
+  get("rope_theta", p.rope_theta);
+  get("head_dim", p.head_dim);
+  get("n_layers", p.n_layers);
+  get("n_heads", p.n_heads);
+  get("n_kv_heads", p.n_kv_heads);
+  get("gqa_map", p.gqa_map);
+  if (j.contains("corpus"))
+    for (const auto& f : j["corpus"])
+      p.corpus.push_back({f.value("path", ""), f.value("sha256", ""), f.value("bytes", int64_t(0)),
+                          f.value("replaced_bytes", int64_t(0))});
+  get("tokenizer_path", p.tokenizer_path);
+  get("tokenizer_sha256", p.tokenizer_sha256);
+  get("seed", p.seed);
+  get("samples", p.samples);
+  get("holdout", p.holdout);
+  get("seq_len", p.seq_len);
+  get("batch_size", p.batch_size);
+  get("reservoir_tokens", p.reservoir_tokens);
+  get("dtype", p.dtype);
+  get("n_tokens_corpus", p.n_tokens_corpus);
+  get("n_ranks", p.n_ranks);
+  get("created_unix", p.created_unix);
+  return p;
+}
+
+static void write_side(H5::Group& g, const char* tag, const SideMoments& s, const MomentShape& sh) {
+  const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), d = hsize_t(sh.head_dim);
+  h5::write(g, std::string("count_") + tag, {L, H}, s.count.data());
+  h5::write(g, std::string("sum_") + tag, {L, H, d}, s.sum.data());
+  h5::write(g, std::string("gram_") + tag, {L, H, d, d}, s.gram.data());
+}
+
+void write_calib(const std::string& path, const CalibFile& c) {
+  const auto sh = c.shape();
+  write_atomically(path, [&](const std::string& tmp) {
+    try {
+      auto f = h5::create(tmp);
+      H5::Group root = f.openGroup("/");
+      h5::write_attr(root, "format", std::string(kCalibFormat));
+      h5::write_attr(root, "version", kCalibVersion);
+      h5::write_attr(root, "provenance", provenance_to_json(c.prov));
+
+      auto st = h5::make_group(root, "stats");
+      h5::write_attr(st, "n_layers", int64_t(sh.n_layers));
+      h5::write_attr(st, "n_kv_heads", int64_t(sh.n_kv_heads));
+      h5::write_attr(st, "n_heads", int64_t(sh.n_heads));
+      h5::write_attr(st, "head_dim", int64_t(sh.head_dim));
+      write_side(st, "k", c.moments.k, sh);
+      write_side(st, "v", c.moments.v, sh);
+      write_side(st, "q", c.moments.q, sh);
+
+      auto w = h5::make_group(root, "windows");
+      h5::write_attr(w, "windows_done", c.windows_done);
+      h5::write(w, "calib_offsets", {hsize_t(c.calib_offsets.size())}, c.calib_offsets.data());
+      h5::write(w, "holdout_offsets", {hsize_t(c.holdout_offsets.size())}, c.holdout_offsets.data());
+      if (!c.window_rank.empty())
+        h5::write(w, "window_rank", {hsize_t(c.window_rank.size())}, c.window_rank.data());
+
+      const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), NH = hsize_t(sh.n_heads),
+                    d = hsize_t(sh.head_dim);
+      auto r = h5::make_group(root, "reservoir");
+      const auto& rv = c.reservoir;
+      const hsize_t n = hsize_t(rv.size());
+      h5::write_attr(r, "capacity", rv.capacity);
+      h5::write_attr(r, "seen", rv.seen);
+      h5::write(r, "rng_state", {4}, rv.rng_state.data());
+      h5::write(r, "source", {n, 2}, rv.source.data());
+      h5::write(r, "q", {n, L, NH, d}, rv.q.data());
+      h5::write(r, "k", {n, L, H, d}, rv.k.data());
+      h5::write(r, "v", {n, L, H, d}, rv.v.data());
+
+      auto ho = h5::make_group(root, "holdout");
+      const auto& hd = c.holdout;
+      const hsize_t M = hsize_t(hd.windows), T = hsize_t(c.prov.seq_len);
+      h5::write_attr(ho, "windows", int64_t(hd.windows));
+      h5::write(ho, "ids", {M, T}, hd.ids.data());
+      h5::write(ho, "positions", {hd.windows > 0 ? T : 0}, hd.positions.data());
+      h5::write(ho, "q", {L, M, T, NH, d}, hd.q.data());
+      h5::write(ho, "k", {L, M, T, H, d}, hd.k.data());
+      h5::write(ho, "v", {L, M, T, H, d}, hd.v.data());
+      f.close();
+    } catch (const H5::Exception& e) {
+      throw Error(path, "", "HDF5 write failed: " + std::string(e.getCDetailMsg()));
+    }
+  });
+}
+
+static void check_finite(const std::string& file, const std::string& where, const std::vector<double>& v) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!std::isfinite(v[i]))
+      throw Error(file, where, "non-finite value " + std::to_string(v[i]) + " at element " + std::to_string(i));
+}
+
+static SideMoments read_side(const std::string& file, const H5::Group& g, const char* tag, const MomentShape& sh) {
+  const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), d = hsize_t(sh.head_dim);
+  SideMoments s;
+  s.count = h5::read_i64(file, g, std::string("count_") + tag, {L, H});
+  s.sum = h5::read_f64(file, g, std::string("sum_") + tag, {L, H, d});
+  s.gram = h5::read_f64(file, g, std::string("gram_") + tag, {L, H, d, d});
+  for (size_t i = 0; i < s.count.size(); ++i)
+    if (s.count[i] < 0)
+      throw Error(file, std::string("/stats/count_") + tag, "negative count " + std::to_string(s.count[i]));
+  check_finite(file, std::string("/stats/sum_") + tag, s.sum);
+  check_finite(file, std::string("/stats/gram_") + tag, s.gram);
+  return s;
+}
+
+CalibFile read_calib(const std::string& path, bool samples) {
+  auto f = h5::open_read(path);
+  H5::Group root = f.openGroup("/");
+  if (!h5::has_attr(root, "format"))
+    throw Error(path, "/@format", "missing: not a kvq calibration file");
+  std::string fmt = h5::read_attr_str(path, root, "format");
+  if (fmt != kCalibFormat)
+    throw Error(path, "/@format", "expected '" + std::string(kCalibFormat) + "', found '" + fmt + "'");
+  int64_t ver = h5::read_attr_i64(path, root, "version");
+  if (ver != kCalibVersion)
+    throw Error(path, "/@version",
+                "expected version " + std::to_string(kCalibVersion) + ", found " + std::to_string(ver) +
+                    (ver > kCalibVersion ? " (written by a newer kvq)" : " (no longer supported)"));
+  CalibFile c;
+  c.prov = provenance_from_json(path, h5::read_attr_str(path, root, "provenance"));
+
+  auto st = h5::open_group(path, root, "stats");
+  MomentShape sh;
+  auto dim_attr = [&](const char* name, int lo, int hi) {
+    int64_t v = h5::read_attr_i64(path, st, name);
+    if (v < lo || v > hi) throw Error(path, std::string("/stats@") + name, "out of range: " + std::to_string(v));
+    return int(v);
+  };
+  sh.n_layers = dim_attr("n_layers", 1, 4096);
+  sh.n_kv_heads = dim_attr("n_kv_heads", 1, 4096);
+  sh.n_heads = dim_attr("n_heads", 1, 65536);
+  sh.head_dim = dim_attr("head_dim", 2, 4096);
+  if (sh.n_heads % sh.n_kv_heads != 0)
+    throw Error(path, "/stats@n_heads", std::to_string(sh.n_heads) + " not a multiple of n_kv_heads");
+  if (sh.n_layers != c.prov.n_layers || sh.n_kv_heads != c.prov.n_kv_heads || sh.n_heads != c.prov.n_heads ||
+      sh.head_dim != c.prov.head_dim)
+    throw Error(path, "/stats", "shape disagrees with the provenance");
+  c.moments = Moments(sh);
+  c.moments.k = read_side(path, st, "k", sh);
+  c.moments.v = read_side(path, st, "v", sh);
+  c.moments.q = read_side(path, st, "q", sh);
+
+  auto w = h5::open_group(path, root, "windows");
+  c.windows_done = h5::read_attr_i64(path, w, "windows_done");
+  auto n_cal = h5::shape_of(path, w, "calib_offsets");
+  auto n_ho = h5::shape_of(path, w, "holdout_offsets");
+  if (n_cal.size() != 1 || n_ho.size() != 1) throw Error(path, "/windows", "offsets must be 1-D");
+  c.calib_offsets = h5::read_i64(path, w, "calib_offsets", n_cal);
+  c.holdout_offsets = h5::read_i64(path, w, "holdout_offsets", n_ho);
+  if (h5::exists(w, "window_rank")) c.window_rank = h5::read_i64(path, w, "window_rank", n_cal);
+  if (c.windows_done < 0 || c.windows_done > int64_t(c.calib_offsets.size()))
+    throw Error(path, "/windows@windows_done", "out of range: " + std::to_string(c.windows_done));
+
+  const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), NH = hsize_t(sh.n_heads),
+                d = hsize_t(sh.head_dim);
+  auto r = h5::open_group(path, root, "reservoir");
+  auto& rv = c.reservoir;
+  rv.capacity = h5::read_attr_i64(path, r, "capacity");
+  rv.seen = h5::read_attr_i64(path, r, "seen");
+  auto rs = h5::read_u64(path, r, "rng_state", {4});
+  std::copy(rs.begin(), rs.end(), rv.rng_state.begin());
+  auto src_shape = h5::shape_of(path, r, "source");
+  if (src_shape.size() != 2 || src_shape[1] != 2 || int64_t(src_shape[0]) > rv.capacity)
+    throw Error(path, "/reservoir/source", "bad shape");
+  const hsize_t n = src_shape[0];
+  rv.source = h5::read_i64(path, r, "source", {n, 2});
+  if (samples) {
+    rv.q = h5::read_f32(path, r, "q", {n, L, NH, d});
+    rv.k = h5::read_f32(path, r, "k", {n, L, H, d});
+    rv.v = h5::read_f32(path, r, "v", {n, L, H, d});
+  }
+
+  auto ho = h5::open_group(path, root, "holdout");
+  auto& hd = c.holdout;
+  int64_t M = h5::read_attr_i64(path, ho, "windows");
+  if (M < 0 || M != int64_t(c.holdout_offsets.size()))
+    throw Error(path, "/holdout@windows", "disagrees with /windows/holdout_offsets: " + std::to_string(M));
+  hd.windows = int(M);
+  const hsize_t T = hsize_t(c.prov.seq_len);
+  if (samples) {
+    hd.ids = h5::read_i64(path, ho, "ids", {hsize_t(M), T});
+    hd.positions = h5::read_i64(path, ho, "positions", {M > 0 ? T : 0});
+    hd.q = h5::read_f32(path, ho, "q", {L, hsize_t(M), T, NH, d});
+    hd.k = h5::read_f32(path, ho, "k", {L, hsize_t(M), T, H, d});
+    hd.v = h5::read_f32(path, ho, "v", {L, hsize_t(M), T, H, d});
+  }
+  return c;
+}
+
+std::string calib_content_digest(const CalibFile& c) {
+  Sha256 s;
+  CalibProvenance p = c.prov;
+  p.created_unix = 0;
+  std::string pj = provenance_to_json(p);
+  s.update(pj.data(), pj.size());
+  for (const SideMoments* m : {&c.moments.k, &c.moments.v, &c.moments.q}) {
+    s.update(m->count.data(), m->count.size() * sizeof(int64_t));
+    s.update(m->sum.data(), m->sum.size() * sizeof(double));
+    s.update(m->gram.data(), m->gram.size() * sizeof(double));
+  }
+  s.update(c.calib_offsets.data(), c.calib_offsets.size() * sizeof(int64_t));
+  s.update(&c.windows_done, sizeof(c.windows_done));
+  return s.hex_digest();
+}
+
+}  // namespace kvq

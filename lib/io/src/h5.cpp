@@ -1,0 +1,226 @@
+#include "kvq/io/h5.hpp"
+
+#include <hdf5.h>
+
+#include <mutex>
+
+#include "kvq/util/error.hpp"
+
+namespace kvq::h5 {
+
+void quiet() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5::Exception::dontPrint(); });
+}
+
+static std::string path_of(const H5::H5Object& o) {
+  try {
+    return o.getObjName();
+  } catch (...) {
+    return "?";
+  }
+}
+
+H5::H5File create(const std::string& path) {
+  quiet();
+  try {
+    return H5::H5File(path, H5F_ACC_TRUNC);
+  } catch (const H5::Exception&) {
+    throw Error(path, "", "cannot create HDF5 file");
+  }
+}
+
+H5::H5File open_read(const std::string& path) {
+  quiet();
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw Error(path, "", "cannot open for reading");
+  std::fclose(f);
+  htri_t is = H5Fis_hdf5(path.c_str());
+  if (is <= 0) throw Error(path, "", "not an HDF5 file (bad signature or truncated)");
+  try {
+    return H5::H5File(path, H5F_ACC_RDONLY);
+  } catch (const H5::Exception&) {
+    throw Error(path, "", "corrupt HDF5 file (cannot open)");
+  }
+}
+
+H5::Group make_group(H5::Group& parent, const std::string& name) {
+  hid_t gcpl = H5Pcreate(H5P_GROUP_CREATE);
+  H5Pset_obj_track_times(gcpl, false);
+  hid_t id = H5Gcreate2(parent.getId(), name.c_str(), H5P_DEFAULT, gcpl, H5P_DEFAULT);
+  H5Pclose(gcpl);
+  if (id < 0) throw Error("", name, "cannot create HDF5 group");
+  H5::Group g(id);
+  H5Gclose(id);  // H5::Group(id) took its own reference
+  return g;
+}
+
+void write_attr(H5::H5Object& o, const std::string& name, const std::string& v) {
+  H5::StrType t(H5::PredType::C_S1, v.empty() ? 1 : v.size());
+  t.setStrpad(H5T_STR_NULLPAD);
+  auto a = o.createAttribute(name, t, H5::DataSpace(H5S_SCALAR));
+  a.write(t, v.empty() ? std::string(1, '\0') : v);
+}
+void write_attr(H5::H5Object& o, const std::string& name, int64_t v) {
+  auto a = o.createAttribute(name, H5::PredType::STD_I64LE, H5::DataSpace(H5S_SCALAR));
+  a.write(H5::PredType::NATIVE_INT64, &v);
+}
+void write_attr(H5::H5Object& o, const std::string& name, double v) {
+  auto a = o.createAttribute(name, H5::PredType::IEEE_F64LE, H5::DataSpace(H5S_SCALAR));
+  a.write(H5::PredType::NATIVE_DOUBLE, &v);
+}
+
+bool has_attr(const H5::H5Object& o, const std::string& name) { return o.attrExists(name); }
+
+static H5::Attribute open_attr(const std::string& file, const H5::H5Object& o, const std::string& name) {
+  if (!o.attrExists(name)) throw Error(file, path_of(o) + "@" + name, "attribute missing");
+  return o.openAttribute(name);
+}
+
+std::string read_attr_str(const std::string& file, const H5::H5Object& o, const std::string& name) {
+  try {
+    auto a = open_attr(file, o, name);
+    if (a.getTypeClass() != H5T_STRING) throw Error(file, path_of(o) + "@" + name, "not a string");
+    H5::StrType t = a.getStrType();
+    size_t n = t.getSize();
+    if (n > (size_t(1) << 30)) throw Error(file, path_of(o) + "@" + name, "string attribute too large");
+    std::string s;
+    a.read(t, s);
+    while (!s.empty() && s.back() == '\0') s.pop_back();
+    return s;
+  } catch (const H5::Exception&) {
+    throw Error(file, path_of(o) + "@" + name, "unreadable attribute");
+  }
+}
+
+int64_t read_attr_i64(const std::string& file, const H5::H5Object& o, const std::string& name) {
+  try {
+    auto a = open_attr(file, o, name);
+    if (a.getTypeClass() != H5T_INTEGER) throw Error(file, path_of(o) + "@" + name, "not an integer");
+    int64_t v;
+    a.read(H5::PredType::NATIVE_INT64, &v);
+    return v;
+  } catch (const H5::Exception&) {
+    throw Error(file, path_of(o) + "@" + name, "unreadable attribute");
+  }
+}
+
+double read_attr_f64(const std::string& file, const H5::H5Object& o, const std::string& name) {
+  try {
+    auto a = open_attr(file, o, name);
+    if (a.getTypeClass() != H5T_FLOAT) throw Error(file, path_of(o) + "@" + name, "not a float");
+    double v;
+    a.read(H5::PredType::NATIVE_DOUBLE, &v);
+    return v;
+  } catch (const H5::Exception&) {
+    throw Error(file, path_of(o) + "@" + name, "unreadable attribute");
+  }
+}
+
+template <class T>
+static void write_impl(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const T* data,
+                       const H5::PredType& file_type, const H5::PredType& mem_type) {
+  H5::DataSpace space(int(dims.size()), dims.data());
+  H5::DSetCreatPropList dcpl;
+  H5Pset_obj_track_times(dcpl.getId(), false);
+  auto ds = g.createDataSet(name, file_type, space, dcpl);
+  size_t n = 1;
+  for (auto x : dims) n *= x;
+  if (n > 0) ds.write(data, mem_type);
+}
+
+void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, const double* p) {
+  write_impl(g, n, d, p, H5::PredType::IEEE_F64LE, H5::PredType::NATIVE_DOUBLE);
+}
+void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, const float* p) {
+  write_impl(g, n, d, p, H5::PredType::IEEE_F32LE, H5::PredType::NATIVE_FLOAT);
+}
+void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, const int64_t* p) {
+  write_impl(g, n, d, p, H5::PredType::STD_I64LE, H5::PredType::NATIVE_INT64);
+}
+void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, const uint64_t* p) {
+  write_impl(g, n, d, p, H5::PredType::STD_U64LE, H5::PredType::NATIVE_UINT64);
+}
+void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, const int32_t* p) {
+  write_impl(g, n, d, p, H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32);
+}
+
+bool exists(const H5::Group& g, const std::string& name) {
+  return H5Lexists(g.getId(), name.c_str(), H5P_DEFAULT) > 0;
+}
+
+H5::Group open_group(const std::string& file, const H5::Group& parent, const std::string& name) {
+  if (!exists(parent, name)) throw Error(file, name, "group missing");
+  try {
+    return parent.openGroup(name);
+  } catch (const H5::Exception&) {
+    throw Error(file, name, "unreadable group");
+  }
+}
+
+static std::string dims_str(const std::vector<hsize_t>& d) {
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += (i ? "," : "") + std::to_string(d[i]);
+  return s + "]";
+}
+
+std::vector<hsize_t> shape_of(const std::string& file, const H5::Group& g, const std::string& name) {
+  const std::string where = path_of(g) == "/" ? "/" + name : path_of(g) + "/" + name;
+  if (!exists(g, name)) throw Error(file, where, "dataset missing");
+  try {
+    auto ds = g.openDataSet(name);
+    auto sp = ds.getSpace();
+    int nd = sp.getSimpleExtentNdims();
+    if (nd < 0 || nd > 8) throw Error(file, where, "bad rank");
+    std::vector<hsize_t> dims(static_cast<size_t>(nd));
+    sp.getSimpleExtentDims(dims.data());
+    return dims;
+  } catch (const H5::Exception&) {
+    throw Error(file, where, "unreadable dataset");
+  }
+}
+
+template <class T>
+static std::vector<T> read_impl(const std::string& file, const H5::Group& g, const std::string& name,
+                                const std::vector<hsize_t>& expect, const H5::PredType& mem_type,
+                                H5T_class_t cls) {
+  const std::string where = path_of(g) == "/" ? "/" + name : path_of(g) + "/" + name;
+  auto dims = shape_of(file, g, name);
+  if (dims != expect)
+    throw Error(file, where, "shape " + dims_str(dims) + " but the header implies " + dims_str(expect));
+  size_t n = 1;
+  for (auto x : dims) n *= x;
+  try {
+    auto ds = g.openDataSet(name);
+    if (ds.getTypeClass() != cls) throw Error(file, where, "wrong element type");
+    // Storage smaller than the shape needs means the file lies about its size (truncation/corruption).
+    std::vector<T> out(n);
+    if (n > 0) ds.read(out.data(), mem_type);
+    return out;
+  } catch (const H5::Exception&) {
+    throw Error(file, where, "unreadable dataset (truncated or corrupt file)");
+  }
+}
+
+std::vector<double> read_f64(const std::string& f, const H5::Group& g, const std::string& n,
+                             const std::vector<hsize_t>& e) {
+  return read_impl<double>(f, g, n, e, H5::PredType::NATIVE_DOUBLE, H5T_FLOAT);
+}
+std::vector<float> read_f32(const std::string& f, const H5::Group& g, const std::string& n,
+                            const std::vector<hsize_t>& e) {
+  return read_impl<float>(f, g, n, e, H5::PredType::NATIVE_FLOAT, H5T_FLOAT);
+}
+std::vector<int64_t> read_i64(const std::string& f, const H5::Group& g, const std::string& n,
+                              const std::vector<hsize_t>& e) {
+  return read_impl<int64_t>(f, g, n, e, H5::PredType::NATIVE_INT64, H5T_INTEGER);
+}
+std::vector<uint64_t> read_u64(const std::string& f, const H5::Group& g, const std::string& n,
+                               const std::vector<hsize_t>& e) {
+  return read_impl<uint64_t>(f, g, n, e, H5::PredType::NATIVE_UINT64, H5T_INTEGER);
+}
+std::vector<int32_t> read_i32(const std::string& f, const H5::Group& g, const std::string& n,
+                              const std::vector<hsize_t>& e) {
+  return read_impl<int32_t>(f, g, n, e, H5::PredType::NATIVE_INT32, H5T_INTEGER);
+}
+
+}  // namespace kvq::h5

@@ -1,0 +1,155 @@
+// calib-capture as a user runs it: resume after a real SIGKILL, merge, bounded memory, bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "kvq/io/calib_file.hpp"
+#include "kvq/util/sha256.hpp"
+#include "run_cmd.hpp"
+#include "shared_data.hpp"
+
+using namespace kvq;
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kStories = "models/stories260K/stories260K.bin";
+const std::string kWiki = "corpora/wikitext2-train-sample.txt";
+
+std::string capture_cmd(const std::string& out, const std::string& extra) {
+  return "SOURCE_DATE_EPOCH=1700000000 " + test::bin("calib-capture") + " -q --threads 1 --model " +
+         test::shared_path(kStories) + " --corpus " + test::shared_path(kWiki) +
+         " --seq-len 64 --holdout 2 --batch 2 --reservoir-tokens 64 --seed 5 --out " + out + " " + extra;
+}
+
+void expect_same_datasets(const CalibFile& a, const CalibFile& b) {
+  for (auto [x, y] : {std::make_pair(&a.moments.k, &b.moments.k), std::make_pair(&a.moments.v, &b.moments.v),
+                      std::make_pair(&a.moments.q, &b.moments.q)}) {
+    ASSERT_EQ(x->count, y->count);
+    ASSERT_EQ(0, std::memcmp(x->sum.data(), y->sum.data(), x->sum.size() * sizeof(double)));
+    ASSERT_EQ(0, std::memcmp(x->gram.data(), y->gram.data(), x->gram.size() * sizeof(double)));
+  }
+  EXPECT_EQ(a.reservoir.source, b.reservoir.source);
+  EXPECT_EQ(a.reservoir.k, b.reservoir.k);
+  EXPECT_EQ(a.holdout.q, b.holdout.q);
+}
+
+double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0, scale = 0;
+  for (double x : b) scale = std::max(scale, std::fabs(x));
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]) / scale);
+  return m;
+}
+
+}  // namespace
+
+TEST(CaptureCli, ResumeAfterKillIsByteIdentical) {
+  KVQ_REQUIRE_SHARED(kStories);
+  auto full = test::temp_path("full.kvqcal.h5"), part = test::temp_path("part.kvqcal.h5");
+  fs::remove(full);
+  fs::remove(part);
+  auto r = test::run_cmd(capture_cmd(full, "--samples 12"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  // SIGKILL after window 7 with checkpoints every 4: the file holds 4 windows; resume finishes.
+  r = test::run_cmd("KVQ_TEST_KILL_AFTER_WINDOWS=7 " + capture_cmd(part, "--samples 12 --checkpoint-every 4"));
+  ASSERT_EQ(r.status, 128 + 9) << "expected death by SIGKILL: " << r.err;
+  ASSERT_TRUE(fs::exists(part));
+  EXPECT_EQ(read_calib(part, false).windows_done, 4);
+  r = test::run_cmd(capture_cmd(part, "--samples 12 --checkpoint-every 4 --resume"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  CalibFile a = read_calib(full), b = read_calib(part);
+  ASSERT_TRUE(b.complete());
+  expect_same_datasets(a, b);
+  EXPECT_EQ(sha256_file(full), sha256_file(part)) << "the whole file, not only its datasets";
+}
+
+TEST(CaptureCli, ResumeRefusesADifferentRun) {
+  KVQ_REQUIRE_SHARED(kStories);
+  auto part = test::temp_path("part2.kvqcal.h5");
+  fs::remove(part);
+  auto r = test::run_cmd("KVQ_TEST_KILL_AFTER_WINDOWS=2 " + capture_cmd(part, "--samples 6 --checkpoint-every 2"));
+  ASSERT_TRUE(fs::exists(part));
+  r = test::run_cmd(capture_cmd(part, "--samples 6 --checkpoint-every 2 --resume --seed 6"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("provenance.seed"), std::string::npos) << r.err;
+}
+
+TEST(CaptureCli, MergeEqualsOneRunOverTheUnion) {
+  KVQ_REQUIRE_SHARED(kStories);
+  auto all = test::temp_path("all.kvqcal.h5"), a = test::temp_path("a.kvqcal.h5"), b = test::temp_path("b.kvqcal.h5"),
+       m = test::temp_path("m.kvqcal.h5");
+  ASSERT_EQ(test::run_cmd(capture_cmd(all, "--samples 8")).status, 0);
+  ASSERT_EQ(test::run_cmd(capture_cmd(a, "--samples 8 --windows 0:3")).status, 0);
+  ASSERT_EQ(test::run_cmd(capture_cmd(b, "--samples 8 --windows 3:8")).status, 0);
+  auto r = test::run_cmd(test::bin("calib-capture") + " -q merge " + a + " " + b + " --out " + m);
+  ASSERT_EQ(r.status, 0) << r.err;
+  CalibFile x = read_calib(all, false), y = read_calib(m, false);
+  EXPECT_EQ(x.calib_offsets, y.calib_offsets);
+  EXPECT_EQ(x.moments.k.count, y.moments.k.count);
+  EXPECT_LT(max_rel(y.moments.k.gram, x.moments.k.gram), 1e-12);
+  EXPECT_LT(max_rel(y.moments.q.gram, x.moments.q.gram), 1e-12);
+  EXPECT_LT(max_rel(y.moments.v.sum, x.moments.v.sum), 1e-12);
+  // Overlapping windows are refused, naming the field.
+  r = test::run_cmd(test::bin("calib-capture") + " -q merge " + a + " " + all + " --out " + m + "x");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("calib_offsets"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(m + "x"));
+}
+
+TEST(CaptureCli, MergeRefusesAnotherModel) {
+  KVQ_REQUIRE_SHARED(kStories);
+  auto a = test::temp_path("sa.kvqcal.h5"), d = test::temp_path("da.kvqcal.h5"), m = test::temp_path("dm.kvqcal.h5");
+  ASSERT_EQ(test::run_cmd(capture_cmd(a, "--samples 2")).status, 0);
+  auto r = test::run_cmd(test::bin("calib-capture") + " -q --model " + KVQ_SOURCE_DIR + "/data/kvq-demo-llama --corpus " +
+                         test::shared_path(kWiki) + " --samples 2 --seq-len 32 --holdout 0 --out " + d);
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = test::run_cmd(test::bin("calib-capture") + " -q merge " + a + " " + d + " --out " + m);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("model_config_sha256"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(m));
+}
+
+TEST(CaptureCli, PeakMemoryDoesNotGrowWithSamples) {
+  KVQ_REQUIRE_SHARED(kStories);
+  auto a = test::temp_path("rss_a.kvqcal.h5"), b = test::temp_path("rss_b.kvqcal.h5");
+  auto ra = test::run_cmd(capture_cmd(a, "--samples 8"));
+  auto rb = test::run_cmd(capture_cmd(b, "--samples 128"));
+  ASSERT_EQ(ra.status, 0);
+  ASSERT_EQ(rb.status, 0);
+  std::printf("peak RSS: %ld KiB at 8 windows, %ld KiB at 128 windows\n", ra.max_rss_kb, rb.max_rss_kb);
+  EXPECT_LT(double(rb.max_rss_kb), 1.05 * double(ra.max_rss_kb) + 8192) << "RSS grew with --samples";
+}
+
+TEST(CaptureCli, BadInputsGiveOneLineAndNoFile) {
+  KVQ_REQUIRE_SHARED(kStories);
+  auto empty = test::temp_path("empty.txt"), bad = test::temp_path("bad_utf8.txt");
+  test::write_text(empty, "");
+  test::write_text(bad, "Once upon a time\xC3\x28 there was");
+  auto future = test::temp_path("future.kvqcal.h5");
+  test::write_text(future, "\x89HDF\r\n\x1a\n garbage after a valid signature");
+  struct Case {
+    std::string args, expect;
+  };
+  std::vector<Case> cases = {
+      {"--corpus " + empty, "empty"},
+      {"--corpus " + bad, "offset 16"},
+      {"--corpus " + test::shared_path(kWiki) + " --seq-len 1024", "exceeds the model's maximum 512"},
+      {"--corpus " + test::shared_path(kWiki) + " --samples 100000", "corpus too short"},
+      {"--corpus /nonexistent/x.txt", "no such file"},
+  };
+  for (const auto& c : cases) {
+    auto out = test::temp_path("never.kvqcal.h5");
+    fs::remove(out);
+    auto r = test::run_cmd(test::bin("calib-capture") + " -q --model " + test::shared_path(kStories) + " --samples 2 " +
+                           c.args + " --out " + out);
+    EXPECT_NE(r.status, 0) << c.args;
+    EXPECT_NE(r.err.find(c.expect), std::string::npos) << c.args << " -> " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(out)) << c.args;
+  }
+  // Resuming from a corrupt file names it.
+  auto r = test::run_cmd(capture_cmd(future, "--samples 2 --resume"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find(future), std::string::npos) << r.err;
+}

@@ -1,0 +1,90 @@
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "kvq/corpus/corpus.hpp"
+#include "kvq/corpus/rng.hpp"
+#include "kvq/util/error.hpp"
+#include "run_cmd.hpp"
+
+using namespace kvq;
+
+TEST(Utf8, FindsFirstInvalidByte) {
+  EXPECT_EQ(find_invalid_utf8("plain ascii"), -1);
+  EXPECT_EQ(find_invalid_utf8("caf\xC3\xA9 \xE2\x82\xAC \xF0\x9F\x98\x80"), -1);  // é € 😀
+  EXPECT_EQ(find_invalid_utf8("ab\xFFzz"), 2);                 // never valid
+  EXPECT_EQ(find_invalid_utf8("abc\xC3"), 3);                  // truncated sequence
+  EXPECT_EQ(find_invalid_utf8("x\xC0\xAF"), 1);                // overlong '/'
+  EXPECT_EQ(find_invalid_utf8("xy\xED\xA0\x80"), 2);           // UTF-16 surrogate
+  EXPECT_EQ(find_invalid_utf8("\xF4\x90\x80\x80"), 0);         // > U+10FFFF
+}
+
+TEST(Corpus, InvalidUtf8IsAnErrorNamingFileAndOffset) {
+  auto p = test::temp_path("bad.txt");
+  test::write_text(p, "In the beginning\xFF God");
+  try {
+    read_corpus({p}, false);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find(p), std::string::npos) << m;
+    EXPECT_NE(m.find("offset 16"), std::string::npos) << m;
+  }
+  auto c = read_corpus({p}, true);
+  EXPECT_EQ(c.files[0].replaced_bytes, 1);
+  EXPECT_EQ(c.texts[0], "In the beginning\xEF\xBF\xBD God");
+}
+
+TEST(Corpus, MissingPathIsAnError) {
+  EXPECT_THROW(read_corpus({"/nonexistent/kvq/corpus.txt"}, false), Error);
+}
+
+TEST(Windows, SeededDisjointAndRecorded) {
+  auto a = plan_windows(100000, 128, 20, 5, 7, 1, "c");
+  auto b = plan_windows(100000, 128, 20, 5, 7, 1, "c");
+  auto c = plan_windows(100000, 128, 20, 5, 8, 1, "c");
+  EXPECT_EQ(a.calib, b.calib);
+  EXPECT_NE(a.calib, c.calib);
+  std::set<int64_t> s(a.calib.begin(), a.calib.end());
+  for (auto h : a.holdout) EXPECT_EQ(s.count(h), 0u) << "held-out window also calibrates";
+  s.insert(a.holdout.begin(), a.holdout.end());
+  EXPECT_EQ(s.size(), 25u);
+  for (auto off : s) {
+    EXPECT_EQ(off % 127, 0);  // slot aligned: windows never overlap
+    EXPECT_LE(off + 127, 100000);
+  }
+}
+
+TEST(Windows, BosFirstThenSlot) {
+  std::vector<int32_t> stream(1000);
+  for (int i = 0; i < 1000; ++i) stream[size_t(i)] = 10 + i;
+  auto p = plan_windows(1000, 8, 3, 0, 1, 1, "c");
+  int64_t ids[8];
+  window_ids(stream, p, p.calib[0], ids);
+  EXPECT_EQ(ids[0], 1);
+  for (int t = 1; t < 8; ++t) EXPECT_EQ(ids[t], stream[size_t(p.calib[0] + t - 1)]);
+}
+
+TEST(Windows, TooShortCorpusIsAClearError) {
+  try {
+    plan_windows(1000, 256, 8, 2, 0, 1, "tiny.txt");
+    FAIL();
+  } catch (const Error& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("tiny.txt"), std::string::npos);
+    EXPECT_NE(m.find("corpus too short"), std::string::npos) << m;
+  }
+}
+
+TEST(Rng, UnbiasedBelowAndStateRoundTrip) {
+  Rng r(42);
+  std::vector<int> hist(6, 0);
+  for (int i = 0; i < 60000; ++i) ++hist[size_t(r.below(6))];
+  for (int h : hist) EXPECT_NEAR(h, 10000, 400);  // ~4.4 sigma
+  uint64_t st[4];
+  r.get_state(st);
+  uint64_t x = r.next();
+  Rng r2(0);
+  r2.set_state(st);
+  EXPECT_EQ(r2.next(), x);
+}
