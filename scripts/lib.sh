@@ -34,8 +34,10 @@ kvq_build() {
     cmake -S "$KVQ_ROOT" -B "$KVQ_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DKVQ_SHARED_DIR="$KVQ_SHARED" "$@" >/dev/null
   fi
-  kvq_log "building ($(nproc) cores; ccache in $CCACHE_DIR)"
-  cmake --build "$KVQ_BUILD" -j "$(nproc)"
+  kvq_log "building ${KVQ_TARGETS:-everything} ($(nproc) cores; ccache in $CCACHE_DIR)"
+  local targets=()
+  for t in ${KVQ_TARGETS:-}; do targets+=(--target "$t"); done
+  cmake --build "$KVQ_BUILD" -j "$(nproc)" "${targets[@]}"
 }
 
 # The default corpus: the King James Bible from Debian's bible-kjv, as plain text.
