@@ -1,0 +1,259 @@
+#include "kvq/io/alloc_file.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kvq/io/h5.hpp"
+#include "kvq/util/atomic_file.hpp"
+#include "kvq/util/error.hpp"
+
+namespace kvq {
+
+using json = nlohmann::json;
+
+static const char* kind_name(CodingKind k) {
+  switch (k) {
+    case CodingKind::kTqGroups: return "tq-groups";
+    case CodingKind::kLowRankHadamard: return "lowrank-hadamard";
+    case CodingKind::kKivi: return "kivi";
+  }
+  return "?";
+}
+
+static CodingKind kind_from(const std::string& file, const std::string& s) {
+  if (s == "tq-groups") return CodingKind::kTqGroups;
+  if (s == "lowrank-hadamard") return CodingKind::kLowRankHadamard;
+  if (s == "kivi") return CodingKind::kKivi;
+  throw Error(file, "manifest.heads[].kind", "unknown coding kind '" + s + "'");
+}
+
+const HeadDecision& AllocFile::head(Side s, int layer, int kv_head) const {
+  for (const auto& h : heads)
+    if (h.side == s && h.layer == layer && h.kv_head == kv_head) return h;
+  throw Error("", "heads", "no decision for layer " + std::to_string(layer) + " head " + std::to_string(kv_head));
+}
+
+static std::string tensor_name(const HeadDecision& h, const char* what) {
+  return std::string(h.side == Side::kK ? "k" : "v") + "_l" + std::to_string(h.layer) + "_h" +
+         std::to_string(h.kv_head) + "_" + what;
+}
+
+json alloc_manifest(const AllocFile& a) {
+  json m;
+  m["format"] = kAllocFormat;
+  m["version"] = kAllocVersion;
+  m["method"] = a.method;
+  m["v_method"] = a.v_method;
+  m["params"] = a.params.is_null() ? json::object() : a.params;
+  m["budget"] = {{"k_bpd_nominal", a.k_bpd_nominal},
+                 {"v_bpd_nominal", a.v_bpd_nominal},
+                 {"k_bpd_effective", a.k_bpd_effective},
+                 {"v_bpd_effective", a.v_bpd_effective}};
+  const auto& p = a.calib;
+  m["calibration"] = {{"path", a.calib_path},
+                      {"sha256", a.calib_sha256},
+                      {"content_digest", a.calib_digest},
+                      {"model_config_sha256", p.model_config_sha256},
+                      {"architecture", p.architecture},
+                      {"rope_pairing", to_string(p.pairing)},
+                      {"rotary_dim", p.rotary_dim},
+                      {"rope_theta", p.rope_theta},
+                      {"head_dim", p.head_dim},
+                      {"n_layers", p.n_layers},
+                      {"n_heads", p.n_heads},
+                      {"n_kv_heads", p.n_kv_heads},
+                      {"seed", p.seed},
+                      {"samples", p.samples},
+                      {"seq_len", p.seq_len}};
+  json heads = json::array();
+  for (const auto& h : a.heads) {
+    json j = {{"layer", h.layer},
+              {"kv_head", h.kv_head},
+              {"side", h.side == Side::kK ? "K" : "V"},
+              {"kind", kind_name(h.kind)},
+              {"post_rope", h.post_rope}};
+    if (h.kind == CodingKind::kTqGroups) {
+      json gs = json::array();
+      for (const auto& g : h.groups) gs.push_back({{"bits", g.bits}, {"dims", g.dims}, {"rotation_seed", g.rotation_seed}});
+      j["groups"] = gs;
+      if (!h.block_bits.empty()) j["block_bits"] = h.block_bits;
+    } else if (h.kind == CodingKind::kLowRankHadamard) {
+      j["rank"] = h.rank;
+      j["bits"] = h.bits;
+      j["budget_bits"] = h.budget_bits;
+      j["hadamard_seed"] = h.hadamard_seed;
+      j["scale"] = h.scale;
+      j["basis"] = tensor_name(h, "basis");
+      j["mean"] = tensor_name(h, "mean");
+    } else {
+      j["bits"] = h.bits;
+      j["group_size"] = h.group_size;
+    }
+    j["predicted_distortion"] = h.predicted_distortion;
+    heads.push_back(j);
+  }
+  m["heads"] = heads;
+  m["summary"] = a.summary.is_null() ? json::object() : a.summary;
+  return m;
+}
+
+void write_alloc(const std::string& path, const AllocFile& a) {
+  const json m = alloc_manifest(a);
+  const int d = a.calib.head_dim;
+  write_atomically(path, [&](const std::string& tmp) {
+    try {
+      auto f = h5::create(tmp);
+      H5::Group root = f.openGroup("/");
+      h5::write_attr(root, "format", std::string(kAllocFormat));
+      h5::write_attr(root, "version", kAllocVersion);
+      h5::write_attr(root, "manifest", m.dump(1));
+      auto t = h5::make_group(root, "tensors");
+      for (const auto& h : a.heads) {
+        if (h.kind != CodingKind::kLowRankHadamard) continue;
+        KVQ_ASSERT(h.basis.size() == size_t(d) * size_t(h.rank) && h.mean.size() == size_t(d));
+        h5::write(t, tensor_name(h, "basis"), {hsize_t(d), hsize_t(h.rank)}, h.basis.data());
+        h5::write(t, tensor_name(h, "mean"), {hsize_t(d)}, h.mean.data());
+      }
+      f.close();
+    } catch (const H5::Exception& e) {
+      throw Error(path, "", "HDF5 write failed: " + std::string(e.getCDetailMsg()));
+    }
+  });
+}
+
+AllocFile read_alloc(const std::string& path) {
+  auto f = h5::open_read(path);
+  H5::Group root = f.openGroup("/");
+  if (!h5::has_attr(root, "format")) throw Error(path, "/@format", "missing: not a kvq allocation file");
+  std::string fmt = h5::read_attr_str(path, root, "format");
+  if (fmt != kAllocFormat)
+    throw Error(path, "/@format", "expected '" + std::string(kAllocFormat) + "', found '" + fmt + "'");
+  int64_t ver = h5::read_attr_i64(path, root, "version");
+  if (ver != kAllocVersion)
+    throw Error(path, "/@version",
+                "expected version " + std::to_string(kAllocVersion) + ", found " + std::to_string(ver) +
+                    (ver > kAllocVersion ? " (written by a newer kvq)" : " (no longer supported)"));
+  json m;
+  try {
+    m = json::parse(h5::read_attr_str(path, root, "manifest"));
+  } catch (const json::exception&) {
+    throw Error(path, "/@manifest", "not valid JSON");
+  }
+  AllocFile a;
+  std::string field;
+  try {
+    field = "method"; a.method = m.at("method").get<std::string>();
+    field = "v_method"; a.v_method = m.at("v_method").get<std::string>();
+    field = "params"; a.params = m.at("params");
+    field = "summary"; a.summary = m.value("summary", json::object());
+    const auto& b = m.at("budget");
+    field = "budget"; a.k_bpd_nominal = b.at("k_bpd_nominal").get<double>();
+    a.v_bpd_nominal = b.at("v_bpd_nominal").get<double>();
+    a.k_bpd_effective = b.at("k_bpd_effective").get<double>();
+    a.v_bpd_effective = b.at("v_bpd_effective").get<double>();
+    const auto& c = m.at("calibration");
+    field = "calibration";
+    a.calib_path = c.at("path").get<std::string>();
+    a.calib_sha256 = c.at("sha256").get<std::string>();
+    a.calib_digest = c.at("content_digest").get<std::string>();
+    a.calib.model_config_sha256 = c.at("model_config_sha256").get<std::string>();
+    a.calib.architecture = c.at("architecture").get<std::string>();
+    a.calib.pairing = rope_pairing_from_string(c.at("rope_pairing").get<std::string>());
+    a.calib.rotary_dim = c.at("rotary_dim").get<int>();
+    a.calib.rope_theta = c.at("rope_theta").get<double>();
+    a.calib.head_dim = c.at("head_dim").get<int>();
+    a.calib.n_layers = c.at("n_layers").get<int>();
+    a.calib.n_heads = c.at("n_heads").get<int>();
+    a.calib.n_kv_heads = c.at("n_kv_heads").get<int>();
+    a.calib.seed = c.at("seed").get<uint64_t>();
+    a.calib.samples = c.at("samples").get<int>();
+    a.calib.seq_len = c.at("seq_len").get<int>();
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    throw Error(path, "manifest." + field, std::string("missing or wrong type (") + e.what() + ")");
+  }
+  const int d = a.calib.head_dim, L = a.calib.n_layers, H = a.calib.n_kv_heads;
+  if (d < 2 || d > 4096 || L < 1 || L > 4096 || H < 1 || H > 4096)
+    throw Error(path, "manifest.calibration", "implausible shape: head_dim " + std::to_string(d));
+  auto t = h5::open_group(path, root, "tensors");
+  if (!m.contains("heads") || !m["heads"].is_array()) throw Error(path, "manifest.heads", "missing");
+  size_t i = 0;
+  for (const auto& j : m["heads"]) {
+    const std::string where = "manifest.heads[" + std::to_string(i++) + "]";
+    HeadDecision h;
+    try {
+      h.layer = j.at("layer").get<int>();
+      h.kv_head = j.at("kv_head").get<int>();
+      std::string side = j.at("side").get<std::string>();
+      if (side != "K" && side != "V") throw Error(path, where + ".side", "must be K or V, found '" + side + "'");
+      h.side = side == "K" ? Side::kK : Side::kV;
+      h.kind = kind_from(path, j.at("kind").get<std::string>());
+      h.post_rope = j.at("post_rope").get<bool>();
+      h.predicted_distortion = j.value("predicted_distortion", 0.0);
+      if (h.layer < 0 || h.layer >= L || h.kv_head < 0 || h.kv_head >= H)
+        throw Error(path, where, "layer/head out of range");
+      if (h.kind == CodingKind::kTqGroups) {
+        std::vector<int> seen(size_t(d), 0);
+        for (const auto& g : j.at("groups")) {
+          TqGroup tg;
+          tg.bits = g.at("bits").get<int>();
+          tg.dims = g.at("dims").get<std::vector<int>>();
+          tg.rotation_seed = g.at("rotation_seed").get<uint64_t>();
+          if (tg.bits < 1 || tg.bits > 8) throw Error(path, where + ".groups[].bits", "out of 1..8: " + std::to_string(tg.bits));
+          for (int x : tg.dims) {
+            if (x < 0 || x >= d || seen[size_t(x)]++)
+              throw Error(path, where + ".groups[].dims", "dim " + std::to_string(x) + " out of range or repeated");
+          }
+          h.groups.push_back(std::move(tg));
+        }
+        if (j.contains("block_bits")) h.block_bits = j["block_bits"].get<std::vector<int>>();
+      } else if (h.kind == CodingKind::kLowRankHadamard) {
+        h.rank = j.at("rank").get<int>();
+        h.bits = j.at("bits").get<int>();
+        h.budget_bits = j.at("budget_bits").get<int>();
+        h.hadamard_seed = j.at("hadamard_seed").get<uint64_t>();
+        h.scale = j.at("scale").get<float>();
+        if (h.rank < 0 || h.rank > d) throw Error(path, where + ".rank", "out of 0.." + std::to_string(d) + ": " + std::to_string(h.rank));
+        if (h.bits < 0 || h.bits > 16) throw Error(path, where + ".bits", "out of range: " + std::to_string(h.bits));
+        h.basis = h5::read_f32(path, t, j.at("basis").get<std::string>(), {hsize_t(d), hsize_t(h.rank)});
+        h.mean = h5::read_f32(path, t, j.at("mean").get<std::string>(), {hsize_t(d)});
+        for (float x : h.basis)
+          if (!std::isfinite(x)) throw Error(path, where + ".basis", "non-finite value");
+        for (float x : h.mean)
+          if (!std::isfinite(x)) throw Error(path, where + ".mean", "non-finite value");
+      } else {
+        h.bits = j.at("bits").get<int>();
+        h.group_size = j.at("group_size").get<int>();
+      }
+    } catch (const Error&) {
+      throw;
+    } catch (const std::exception& e) {
+      throw Error(path, where, std::string("missing or wrong type (") + e.what() + ")");
+    }
+    a.heads.push_back(std::move(h));
+  }
+  if (a.heads.size() != size_t(2 * L * H))
+    throw Error(path, "manifest.heads", "expected " + std::to_string(2 * L * H) + " decisions (K and V per layer and KV head), found " +
+                                            std::to_string(a.heads.size()));
+  return a;
+}
+
+void check_alloc_matches(const AllocFile& a, const std::string& ap, const CalibFile& c, const std::string& cp) {
+  auto bad = [&](const std::string& field, const std::string& va, const std::string& vc) {
+    throw Error(ap, "calibration." + field, "'" + va + "' does not match " + cp + "'s '" + vc + "'");
+  };
+  if (a.calib.model_config_sha256 != c.prov.model_config_sha256)
+    bad("model_config_sha256", a.calib.model_config_sha256, c.prov.model_config_sha256);
+  if (a.calib.pairing != c.prov.pairing) bad("rope_pairing", to_string(a.calib.pairing), to_string(c.prov.pairing));
+  auto num = [&](const char* f, int x, int y) {
+    if (x != y) bad(f, std::to_string(x), std::to_string(y));
+  };
+  num("head_dim", a.calib.head_dim, c.prov.head_dim);
+  num("rotary_dim", a.calib.rotary_dim, c.prov.rotary_dim);
+  num("n_layers", a.calib.n_layers, c.prov.n_layers);
+  num("n_kv_heads", a.calib.n_kv_heads, c.prov.n_kv_heads);
+  num("n_heads", a.calib.n_heads, c.prov.n_heads);
+}
+
+}  // namespace kvq
