@@ -18,7 +18,8 @@ int main(int argc, char** argv) {
   std::string windows;
   app.add_option("--model", o.model, "model: HF directory (config.json + safetensors) or llama2.c .bin");
   app.add_option("--tokenizer", o.tokenizer, "tokenizer file (default: the model's own)");
-  app.add_option("--corpus", o.corpus, "UTF-8 text files or folders (repeatable)");
+  app.add_option("--corpus", o.corpus, "UTF-8 text files or folders (repeatable)")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--lossy-utf8", o.lossy_utf8, "replace invalid UTF-8 bytes (counted, warned) instead of failing");
   app.add_option("--samples", o.samples, "calibration windows")->default_val(64)->check(CLI::Range(1, 1 << 24));
   app.add_option("--seq-len", o.seq_len, "tokens per window, BOS first")->default_val(256)->check(CLI::Range(2, 1 << 20));
@@ -38,7 +39,10 @@ int main(int argc, char** argv) {
   auto* merge = app.add_subcommand("merge", "add the statistics of calibration files over disjoint windows");
   std::vector<std::string> inputs;
   std::string merge_out;
-  merge->add_option("inputs", inputs, "calibration files (2 or more)")->required()->expected(2, 1 << 16);
+  merge->add_option("inputs", inputs, "calibration files (2 or more)")
+      ->required()
+      ->expected(2, 1 << 16)
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   merge->add_option("-o,--out", merge_out, "merged calibration file")->required();
   CLI11_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 
 #include "kvq/io/calib_file.hpp"
@@ -51,8 +52,8 @@ TEST(CaptureCli, ResumeAfterKillIsByteIdentical) {
   fs::remove(part);
   auto r = test::run_cmd(capture_cmd(full, "--samples 12"));
   ASSERT_EQ(r.status, 0) << r.err;
-  // SIGKILL after window 7 with checkpoints every 4: the file holds 4 windows; resume finishes.
-  r = test::run_cmd("KVQ_TEST_KILL_AFTER_WINDOWS=7 " + capture_cmd(part, "--samples 12 --checkpoint-every 4"));
+  // SIGKILL after window 6 with checkpoints every 4: the file holds 4 windows; resume finishes.
+  r = test::run_cmd("KVQ_TEST_KILL_AFTER_WINDOWS=6 " + capture_cmd(part, "--samples 12 --checkpoint-every 4"));
   ASSERT_EQ(r.status, 128 + 9) << "expected death by SIGKILL: " << r.err;
   ASSERT_TRUE(fs::exists(part));
   EXPECT_EQ(read_calib(part, false).windows_done, 4);

@@ -10,6 +10,11 @@
 namespace kvq::cli {
 
 void add_common(CLI::App& app, Common& c) {
+  // Parse errors are one line too, like every other kvq error.
+  app.failure_message([](const CLI::App* a, const CLI::Error& e) {
+    return a->get_name() + ": error: " + e.what() + " (see --help)\n";
+  });
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_flag("-v,--verbose", c.verbose, "more log output (-vv for debug)");
   app.add_flag("-q,--quiet", c.quiet, "only errors; no progress line");
   app.add_option("--threads", c.threads, "CPU threads for the forward (0 = all cores)")
@@ -24,7 +29,9 @@ void add_model(CLI::App& app, std::string& model, bool required) {
 }
 
 void add_corpus(CLI::App& app, std::vector<std::string>& corpus) {
-  app.add_option("--corpus", corpus, "UTF-8 text files or folders (repeatable)")->required();
+  app.add_option("--corpus", corpus, "UTF-8 text files or folders (repeatable)")
+      ->required()
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
 void add_calib(CLI::App& app, std::string& calib) {

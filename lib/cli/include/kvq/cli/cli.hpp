@@ -16,7 +16,9 @@ struct Common {
   int threads = 0;  // 0 = all cores
 };
 
-void add_common(CLI::App& app, Common& c);  // -v/--verbose, -q/--quiet, --threads
+// -v/--verbose, -q/--quiet, --threads; also makes a repeated scalar flag take its last value and
+// parse errors print one line. Call it first, before adding other options.
+void add_common(CLI::App& app, Common& c);
 void add_model(CLI::App& app, std::string& model, bool required = true);
 void add_corpus(CLI::App& app, std::vector<std::string>& corpus);
 void add_calib(CLI::App& app, std::string& calib);

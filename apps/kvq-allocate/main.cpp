@@ -1,0 +1,50 @@
+// kvq-allocate: calibration file + bits-per-dimension budget -> allocation file.
+#include "kvq/cli/cli.hpp"
+#include "kvq/pipeline/allocate.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kvq-allocate: decide the bits of every (layer, KV head) of the KV cache from a calibration file.\n"
+      "  kvq-allocate --calib cal.kvqcal.h5 --method block-gtq --bpd 3 --out a.kvqalloc.h5\n"
+      "Methods (K): uniform (TQ-MSE at --bpd), block-gtq (bits per RoPE block by energy), cobra-mse /\n"
+      "cobra-kl (rank x bits per head, C1 + damped C2), cobra-dp (C1 curves + exact C2), cobra-measured\n"
+      "(D(r,b) measured on the reservoir with the real codec + exact C2). V: --v-method, --v-bpd."};
+  kvq::cli::Common common;
+  kvq::cli::add_common(app, common);
+  kvq::AllocateOptions o;
+  kvq::cli::add_calib(app, o.calib);
+  app.add_option("--method", o.method, "K allocation method")->default_val(o.method);
+  kvq::cli::add_bpd(app, o.bpd, "--bpd", "K budget in bits per dimension (COBRA methods accept fractions)");
+  app.add_option("--v-method", o.v_method, "V allocation method (uniform, cobra-mse, cobra-dp, cobra-measured)")
+      ->default_val(o.v_method);
+  app.add_option("--v-bpd", o.v_bpd, "V budget in bits per dimension (default: --bpd, rounded up for uniform)");
+  kvq::cli::add_out(app, o.out, "output allocation file (.kvqalloc.h5), written atomically");
+  app.add_option("--seed", o.seed, "base seed of every rotation and Hadamard sign pattern")->default_val(o.seed);
+  auto* g = app.add_option_group("Block-GTQ");
+  g->add_option("--b-min", o.b_min, "smallest width per RoPE block")->default_val(o.b_min)->check(CLI::Range(1, 8));
+  g->add_option("--b-max", o.b_max, "largest width per RoPE block / uniform width cap")->default_val(o.b_max)
+      ->check(CLI::Range(1, 8));
+  g->add_flag("--exact-distortion", o.exact_distortion,
+              "use the Lloyd-Max MSE of each width instead of 4^-b in the greedy objective");
+  auto* c = app.add_option_group("KV-COBRA");
+  c->add_option("--rounds", o.rounds, "damped C2 rounds")->default_val(o.rounds)->check(CLI::Range(0, 1000));
+  c->add_option("--damping", o.damping, "damped C2 step factor")->default_val(o.damping);
+  c->add_option("--floor-abs", o.floor_abs, "per-head budget floor B_min = max(floor-abs, B/floor-div)")
+      ->default_val(o.floor_abs);
+  c->add_option("--floor-div", o.floor_div, "see --floor-abs")->default_val(o.floor_div);
+  c->add_option("--c1-rounding", o.c1_rounding, "C1 bits per rank: floor (r*b <= B) or round (reference mode)")
+      ->default_val(o.c1_rounding)->check(CLI::IsMember({"floor", "round"}));
+  c->add_flag("--uncentered", o.uncentered, "basis from E[x x^T] (reference code) instead of the covariance");
+  c->add_option("--q-constant", o.q_constant, "c in the distortion model q(b) = c 2^-2b")->default_val(o.q_constant);
+  c->add_option("--cobra-b-min", o.cobra_b_min, "smallest bits per kept coordinate")->default_val(o.cobra_b_min);
+  c->add_option("--cobra-b-max", o.cobra_b_max, "largest bits per kept coordinate")->default_val(o.cobra_b_max);
+  c->add_option("--measure-tokens", o.measure_tokens, "reservoir rows cobra-measured codes per candidate")
+      ->default_val(o.measure_tokens)->check(CLI::Range(1, 1 << 24));
+  c->add_flag("--joint-kv", o.joint_kv, "split one budget (--bpd per dim of K and V) between K and V exactly");
+  CLI11_PARSE(app, argc, argv);
+  kvq::cli::apply_common(common);
+  return kvq::cli::run_main("kvq-allocate", [&] {
+    kvq::run_allocate(o);
+    return 0;
+  });
+}

@@ -1,0 +1,37 @@
+#pragma once
+// kvq-allocate's work: calibration file -> allocation file.
+#include <cstdint>
+#include <string>
+
+#include "kvq/io/alloc_file.hpp"
+
+namespace kvq {
+
+struct AllocateOptions {
+  std::string calib;
+  std::string out;
+  std::string method = "block-gtq";  // uniform | block-gtq | cobra-mse | cobra-kl | cobra-dp | cobra-measured
+  double bpd = 3.0;
+  std::string v_method = "uniform";  // uniform | cobra-mse | cobra-dp | cobra-measured
+  double v_bpd = 0.0;                // 0: the K budget (rounded up to whole bits for uniform)
+  uint64_t seed = 42;                // rotation / Hadamard sign seeds derive from it
+  // Block-GTQ
+  int b_min = 1, b_max = 8;
+  bool exact_distortion = false;     // Lloyd-Max MSE per width instead of 4^-b
+  // KV-COBRA
+  int rounds = 5;
+  double damping = 0.3;
+  int64_t floor_abs = 4, floor_div = 4;  // B_min = max(floor_abs, floor(B/floor_div))
+  std::string c1_rounding = "floor";     // floor | round
+  bool uncentered = false;               // basis from E[xx^T] instead of the covariance
+  double q_constant = 1.0 / 12.0;        // q(b) = c 2^-2b
+  int cobra_b_min = 2, cobra_b_max = 8;
+  int r_min = 2;
+  int measure_tokens = 1024;             // reservoir rows used by cobra-measured
+  bool joint_kv = false;                 // one budget over K and V (COBRA exact)
+};
+
+// Reads the calibration file, allocates, writes opts.out atomically; returns what was written.
+AllocFile run_allocate(const AllocateOptions& opts);
+
+}  // namespace kvq

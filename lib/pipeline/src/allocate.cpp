@@ -1,0 +1,268 @@
+#include "kvq/pipeline/allocate.hpp"
+
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+
+#include "kvq/alloc/block_gtq.hpp"
+#include "kvq/alloc/cobra.hpp"
+#include "kvq/alloc/uniform.hpp"
+#include "kvq/codec/codebook.hpp"
+#include "kvq/codec/codec.hpp"
+#include "kvq/stats/derived.hpp"
+#include "kvq/util/error.hpp"
+#include "kvq/util/sha256.hpp"
+
+namespace kvq {
+namespace {
+
+using nlohmann::json;
+
+bool is_cobra(const std::string& m) { return m.rfind("cobra-", 0) == 0; }
+
+void check_method(const std::string& flag, const std::string& m, bool v_side) {
+  static const char* k_methods[] = {"uniform", "block-gtq", "cobra-mse", "cobra-kl", "cobra-dp", "cobra-measured"};
+  for (const char* x : k_methods)
+    if (m == x) {
+      if (v_side && (m == "block-gtq" || m == "cobra-kl"))
+        throw Error("", flag, "'" + m + "' allocates keys only (it needs RoPE blocks / queries); use uniform, "
+                              "cobra-mse, cobra-dp or cobra-measured for V");
+      return;
+    }
+  throw Error("", flag, "unknown method '" + m + "' (uniform, block-gtq, cobra-mse, cobra-kl, cobra-dp, cobra-measured)");
+}
+
+alloc::CobraOptions cobra_options(const AllocateOptions& o, const std::string& method) {
+  alloc::CobraOptions c;
+  c.model.c = o.q_constant;
+  c.model.r_min = o.r_min;
+  c.model.b_min = o.cobra_b_min;
+  c.model.b_max = o.cobra_b_max;
+  c.model.rounding = alloc::c1_rounding_from_string(o.c1_rounding);
+  c.c2 = method == "cobra-mse" || method == "cobra-kl" ? alloc::C2Kind::kDamped : alloc::C2Kind::kExact;
+  c.damped.rounds = o.rounds;
+  c.damped.damping = o.damping;
+  c.floor.abs = o.floor_abs;
+  c.floor.div = o.floor_div;
+  c.kl = method == "cobra-kl";
+  c.seed = o.seed;
+  return c;
+}
+
+// Eigenbasis, mean and (for KL) query variance of one side for every head.
+std::vector<alloc::CobraHeadInput> cobra_inputs(const CalibFile& c, Side side, bool centered, bool kl) {
+  const auto sh = c.shape();
+  const SideMoments& s = side == Side::kK ? c.moments.k : c.moments.v;
+  std::vector<alloc::CobraHeadInput> out;
+  for (int l = 0; l < sh.n_layers; ++l)
+    for (int h = 0; h < sh.n_kv_heads; ++h) {
+      auto e = eigen_decompose(second_moment(s, sh, l, h, centered));
+      alloc::CobraHeadInput in;
+      in.eigenvalues.assign(e.values.data(), e.values.data() + e.values.size());
+      in.eigenvectors = e.vectors;
+      // The codec subtracts the mean only for the centered basis; uncentered keeps x as is.
+      in.mean = centered ? mean_of(s, sh, l, h) : Eigen::VectorXd::Zero(sh.head_dim);
+      if (kl) {
+        Eigen::VectorXd qv = query_variance_in_basis(c.moments, l, h, e.vectors, true);
+        in.query_variance.assign(qv.data(), qv.data() + qv.size());
+      }
+      out.push_back(std::move(in));
+    }
+  return out;
+}
+
+// D(r, b) measured by coding the reservoir's rows with the real codec at every candidate.
+std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
+                                                 const std::vector<alloc::CobraHeadInput>& in,
+                                                 const AllocateOptions& o) {
+  const auto sh = c.shape();
+  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
+  const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
+  if (n < 1)
+    throw Error(o.calib, "/reservoir", "empty: cobra-measured needs reservoir rows (calib-capture --reservoir-tokens)");
+  const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
+  std::vector<alloc::MeasuredTable> tables;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      const auto& hi = in[size_t(l * H + h)];
+      std::vector<float> x(size_t(n) * size_t(d)), y(x.size());
+      for (int64_t t = 0; t < n; ++t)
+        std::copy_n(src.data() + ((size_t(t) * size_t(L) + size_t(l)) * size_t(H) + size_t(h)) * size_t(d), d,
+                    x.data() + size_t(t) * size_t(d));
+      alloc::MeasuredTable tab;
+      tab.b_min = o.cobra_b_min;
+      tab.b_max = o.cobra_b_max;
+      for (int r = o.r_min; r <= d; r += 2) tab.ranks.push_back(r);
+      double total_energy = 0;
+      for (int64_t t = 0; t < n; ++t)
+        for (int i = 0; i < d; ++i) {
+          double z = x[size_t(t) * size_t(d) + size_t(i)] - (hi.mean.size() ? hi.mean[i] : 0.0);
+          total_energy += z * z;
+        }
+      tab.rank0_mse = total_energy / double(n);
+      for (int r : tab.ranks)
+        for (int b = tab.b_min; b <= tab.b_max; ++b) {
+          HeadDecision dec;
+          dec.layer = l;
+          dec.kv_head = h;
+          dec.side = side;
+          dec.kind = CodingKind::kLowRankHadamard;
+          dec.rank = r;
+          dec.bits = b;
+          dec.budget_bits = r * b;
+          dec.hadamard_seed = alloc::derive_seed(o.seed, l, h, side, 0);
+          dec.basis.resize(size_t(d) * size_t(r));
+          for (int i = 0; i < d; ++i)
+            for (int j = 0; j < r; ++j) dec.basis[size_t(i * r + j)] = float(hi.eigenvectors(i, j));
+          dec.mean.resize(size_t(d));
+          for (int i = 0; i < d; ++i) dec.mean[size_t(i)] = float(hi.mean.size() ? hi.mean[i] : 0.0);
+          codec::HeadCodec hc(dec, d);
+          hc.round_trip(x.data(), int(n), y.data());
+          double se = 0;
+          for (size_t i = 0; i < x.size(); ++i) se += double(x[i] - y[i]) * double(x[i] - y[i]);
+          tab.mse.push_back(se / double(n));
+        }
+      tables.push_back(std::move(tab));
+    }
+  return tables;
+}
+
+alloc::Allocation allocate_side(const CalibFile& c, Side side, const std::string& method, double bpd,
+                                const AllocateOptions& o) {
+  const auto sh = c.shape();
+  alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
+  if (method == "uniform") {
+    alloc::UniformOptions u;
+    u.b_max = o.b_max;
+    u.seed = o.seed;
+    return alloc::allocate_uniform(shape, side, bpd, u);
+  }
+  if (method == "block-gtq") {
+    alloc::BlockGtqInput in;
+    in.shape = shape;
+    in.rotary_dim = c.prov.rotary_dim;
+    in.pairing = c.prov.pairing;
+    RopeGeometry g{c.prov.pairing, sh.head_dim, c.prov.rotary_dim};
+    for (int l = 0; l < sh.n_layers; ++l)
+      for (int h = 0; h < sh.n_kv_heads; ++h) in.energies.push_back(block_energies(c.moments, g, l, h));
+    alloc::BlockGtqOptions bo;
+    bo.greedy.b_min = o.b_min;
+    bo.greedy.b_max = o.b_max;
+    bo.seed = o.seed;
+    if (o.exact_distortion)
+      for (int b = 0; b <= o.b_max; ++b)  // table indexed by width; b = 0 stores nothing: MSE 1
+        bo.greedy.distortion_table.push_back(b == 0 ? 1.0 : codec::lloyd_max_gaussian(b).mse);
+    return alloc::allocate_block_gtq(in, bpd, bo);
+  }
+  const bool centered = !o.uncentered;
+  auto opts = cobra_options(o, method);
+  auto inputs = cobra_inputs(c, side, centered, method == "cobra-kl");
+  if (method == "cobra-measured")
+    return alloc::allocate_cobra_measured(shape, side, measure_tables(c, side, inputs, o), inputs, bpd, opts);
+  return alloc::allocate_cobra(shape, side, inputs, bpd, opts);
+}
+
+double side_effective_bpd(const std::vector<HeadDecision>& heads, Side side, int d) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& h : heads)
+    if (h.side == side) {
+      sum += codec::HeadCodec(h, d).effective_bpd();
+      ++n;
+    }
+  return n ? sum / n : 0.0;
+}
+
+json summary_json(const alloc::AllocSummary& s) {
+  json j = {{"method", to_string(s.method)},
+            {"nominal_bpd", s.nominal_bpd},
+            {"code_bits_per_dim", s.code_bits_per_dim},
+            {"budget_total", s.budget_total},
+            {"budget_assigned", s.budget_assigned},
+            {"code_bits_used", s.code_bits_used},
+            {"distortion_std_before", s.distortion_std_before},
+            {"distortion_std_after", s.distortion_std_after},
+            {"heads_over_budget", s.heads_over_budget},
+            {"bits_over_budget", s.bits_over_budget}};
+  if (s.has_prediction) j["predicted_distortion"] = s.predicted_distortion;
+  json p = json::object();
+  for (const auto& [k, v] : s.params) p[k] = v;
+  j["params"] = p;
+  return j;
+}
+
+}  // namespace
+
+AllocFile run_allocate(const AllocateOptions& o) {
+  if (o.out.empty()) throw Error("", "--out", "an output path is required");
+  check_method("--method", o.method, false);
+  check_method("--v-method", o.v_method, true);
+  if (!(o.bpd > 0) || !std::isfinite(o.bpd)) throw Error("", "--bpd", "must be > 0, got " + std::to_string(o.bpd));
+  if (o.bpd > o.b_max) throw Error("", "--bpd", std::to_string(o.bpd) + " is above b_max " + std::to_string(o.b_max));
+  if (o.joint_kv && !(is_cobra(o.method) && o.method != "cobra-measured" && o.method != "cobra-kl"))
+    throw Error("", "--joint-kv", "needs --method cobra-mse or cobra-dp (the exact solver splits the budget)");
+  double v_bpd = o.v_bpd > 0 ? o.v_bpd : (o.v_method == "uniform" ? std::ceil(o.bpd) : o.bpd);
+  if (v_bpd > o.b_max) throw Error("", "--v-bpd", std::to_string(v_bpd) + " is above b_max " + std::to_string(o.b_max));
+
+  const bool needs_samples = o.method == "cobra-measured" || o.v_method == "cobra-measured";
+  CalibFile c = read_calib(o.calib, needs_samples);
+  if (!c.complete())
+    throw Error(o.calib, "/windows@windows_done",
+                std::to_string(c.windows_done) + " of " + std::to_string(c.calib_offsets.size()) +
+                    " windows: an interrupted capture (finish it with calib-capture --resume)");
+  const auto sh = c.shape();
+  for (int l = 0; l < sh.n_layers; ++l)
+    for (int h = 0; h < sh.n_kv_heads; ++h)
+      if (c.moments.k.count_of(sh, l, h) == 0 || c.moments.q.count_of(sh, l, h) == 0)
+        throw Error(o.calib, "/stats/count_k", "no samples for layer " + std::to_string(l) + " head " + std::to_string(h));
+
+  AllocFile a;
+  a.method = o.method;
+  a.v_method = o.joint_kv ? o.method : o.v_method;
+  a.k_bpd_nominal = o.bpd;
+  a.v_bpd_nominal = o.joint_kv ? o.bpd : v_bpd;
+  a.calib_path = o.calib;
+  a.calib_sha256 = sha256_file(o.calib);
+  a.calib_digest = calib_content_digest(c);
+  a.calib = c.prov;
+  a.params = {{"seed", o.seed},
+              {"b_min", o.b_min},
+              {"b_max", o.b_max},
+              {"exact_distortion", o.exact_distortion},
+              {"rounds", o.rounds},
+              {"damping", o.damping},
+              {"floor_abs", o.floor_abs},
+              {"floor_div", o.floor_div},
+              {"c1_rounding", o.c1_rounding},
+              {"basis", o.uncentered ? "uncentered" : "centered"},
+              {"q_constant", o.q_constant},
+              {"cobra_b_min", o.cobra_b_min},
+              {"cobra_b_max", o.cobra_b_max},
+              {"r_min", o.r_min},
+              {"measure_tokens", o.measure_tokens},
+              {"joint_kv", o.joint_kv}};
+
+  if (o.joint_kv) {
+    alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
+    auto opts = cobra_options(o, o.method);
+    opts.c2 = alloc::C2Kind::kExact;
+    auto alloc = alloc::allocate_cobra_joint(shape, cobra_inputs(c, Side::kK, !o.uncentered, false),
+                                             cobra_inputs(c, Side::kV, !o.uncentered, false), o.bpd, opts);
+    a.heads = alloc.heads;
+    a.summary = {{"joint", summary_json(alloc.summary)}};
+  } else {
+    auto k = allocate_side(c, Side::kK, o.method, o.bpd, o);
+    auto v = allocate_side(c, Side::kV, o.v_method, v_bpd, o);
+    a.heads = k.heads;
+    a.heads.insert(a.heads.end(), v.heads.begin(), v.heads.end());
+    a.summary = {{"k", summary_json(k.summary)}, {"v", summary_json(v.summary)}};
+  }
+  a.k_bpd_effective = side_effective_bpd(a.heads, Side::kK, sh.head_dim);
+  a.v_bpd_effective = side_effective_bpd(a.heads, Side::kV, sh.head_dim);
+  write_alloc(o.out, a);
+  spdlog::info("{}: K {} at {} bpd (effective {:.4f}), V {} at {} bpd (effective {:.4f})", o.out, a.method,
+               a.k_bpd_nominal, a.k_bpd_effective, a.v_method, a.v_bpd_nominal, a.v_bpd_effective);
+  return a;
+}
+
+}  // namespace kvq
