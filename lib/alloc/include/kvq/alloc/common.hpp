@@ -1,0 +1,73 @@
+#pragma once
+// Types shared by every allocator: the head panel shape, the result (decisions + summary) and the
+// seed derivation. Allocators are pure functions: statistics + budget in, decisions out.
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kvq/alloc/decision.hpp"
+
+namespace kvq::alloc {
+
+// L layers x H KV heads of dimension d. Per-head inputs are indexed head_index = layer * H + head.
+struct Shape {
+  int n_layers = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+
+  int n_heads() const { return n_layers * n_kv_heads; }
+  int layer_of(int index) const { return index / n_kv_heads; }
+  int head_of(int index) const { return index % n_kv_heads; }
+};
+
+// Throws kvq::Error unless all three are positive (field names the offender).
+void validate_shape(const Shape& s);
+
+// Per-token stored bits that are not codes, per coding kind. The codec's packed layout is the
+// source of truth; these defaults follow DESIGN.md (fp16 TQ-MSE norm per group; a static per-head
+// scale costs nothing per token).
+struct Overhead {
+  int tq_norm_bits_per_group = 16;
+  int lowrank_bits_per_token = 0;
+};
+
+// What one allocation run did, for one side (or both, for joint K/V).
+struct AllocSummary {
+  Method method = Method::kUniform;
+  double nominal_bpd = 0.0;         // the budget asked for, bits per dim
+  double code_bits_per_dim = 0.0;   // stored code bits per token / (heads * d)
+  double effective_bpd = 0.0;       // code + Overhead bits per token / (heads * d)
+  int64_t budget_total = 0;         // what the solver aimed at (sum over heads, bits per token)
+  int64_t budget_assigned = 0;      // sum of per-head budgets actually handed out
+  int64_t code_bits_used = 0;       // sum over heads of stored code bits per token
+  bool has_prediction = false;      // false when the method has no distortion model (uniform)
+  double predicted_distortion = 0.0;  // sum over heads of the solver's per-head prediction
+  // Cross-head std of the per-head prediction at the uniform budget (before C2) and at the final
+  // budgets (after C2). Equal when no C2 ran.
+  double distortion_std_before = 0.0;
+  double distortion_std_after = 0.0;
+  int heads_over_budget = 0;        // COBRA C1 round mode: heads with rank * bits > budget_bits
+  int64_t bits_over_budget = 0;     // ... and by how many bits in total
+  // Every solver parameter that shaped the result, as (name, value) text, for the allocation file.
+  std::vector<std::pair<std::string, std::string>> params;
+};
+
+struct Allocation {
+  std::vector<HeadDecision> heads;  // head_index order; for joint K/V, all K then all V
+  AllocSummary summary;
+};
+
+// Deterministic 64-bit seed for one (layer, head, side, tag) from a user seed (splitmix64 chain),
+// so every rotation / sign pattern is reproducible from the one recorded seed. tag = the group's
+// bit width for TQ-MSE groups, 0 for the Hadamard sign seed.
+uint64_t derive_seed(uint64_t base, int layer, int kv_head, Side side, uint64_t tag);
+
+// Population standard deviation (0 for fewer than two values).
+double population_std(const std::vector<double>& v);
+
+// Fill code_bits_per_dim / effective_bpd / code_bits_used from the decisions.
+void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, const Overhead& ov,
+                    AllocSummary* s);
+
+}  // namespace kvq::alloc

@@ -1,0 +1,21 @@
+#pragma once
+// Uniform baseline: every head coded with TQ-MSE at one width, one group = the whole head vector.
+#include <cstdint>
+
+#include "kvq/alloc/common.hpp"
+
+namespace kvq::alloc {
+
+struct UniformOptions {
+  int b_max = 8;            // widest codebook accepted
+  bool post_rope = false;   // K coded after RoPE (to compare against Block-GTQ at the same point)
+  uint64_t seed = 42;       // base of derive_seed(); recorded by the caller
+  Overhead overhead;
+};
+
+// bits_per_dim must be a whole number in [1, b_max] (a TQ-MSE codebook has an integer width);
+// anything else throws kvq::Error naming "bits_per_dim" and the value.
+Allocation allocate_uniform(const Shape& shape, Side side, double bits_per_dim,
+                            const UniformOptions& opt = {});
+
+}  // namespace kvq::alloc

@@ -1,0 +1,68 @@
+#include "kvq/alloc/common.hpp"
+
+#include <cmath>
+
+#include "kvq/util/error.hpp"
+
+namespace kvq::alloc {
+
+void validate_shape(const Shape& s) {
+  if (s.n_layers <= 0) throw Error("", "n_layers", "must be positive, got " + std::to_string(s.n_layers));
+  if (s.n_kv_heads <= 0)
+    throw Error("", "n_kv_heads", "must be positive, got " + std::to_string(s.n_kv_heads));
+  if (s.head_dim <= 0) throw Error("", "head_dim", "must be positive, got " + std::to_string(s.head_dim));
+}
+
+static uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+uint64_t derive_seed(uint64_t base, int layer, int kv_head, Side side, uint64_t tag) {
+  // Chained rather than xor-ed so that swapping two fields gives a different seed.
+  uint64_t h = splitmix64(base);
+  h = splitmix64(h ^ static_cast<uint64_t>(static_cast<uint32_t>(layer)));
+  h = splitmix64(h ^ static_cast<uint64_t>(static_cast<uint32_t>(kv_head)));
+  h = splitmix64(h ^ static_cast<uint64_t>(side));
+  return splitmix64(h ^ tag);
+}
+
+double population_std(const std::vector<double>& v) {
+  if (v.size() < 2) return 0.0;
+  double mean = 0.0;
+  for (double x : v) mean += x;
+  mean /= static_cast<double>(v.size());
+  double ss = 0.0;
+  for (double x : v) ss += (x - mean) * (x - mean);
+  return std::sqrt(ss / static_cast<double>(v.size()));
+}
+
+void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, const Overhead& ov,
+                    AllocSummary* s) {
+  int64_t code = 0, extra = 0;
+  for (const auto& h : heads) {
+    switch (h.kind) {
+      case CodingKind::kTqGroups:
+        for (const auto& g : h.groups) {
+          code += static_cast<int64_t>(g.bits) * static_cast<int64_t>(g.dims.size());
+          extra += ov.tq_norm_bits_per_group;
+        }
+        break;
+      case CodingKind::kLowRankHadamard:
+        code += static_cast<int64_t>(h.rank) * h.bits;
+        extra += ov.lowrank_bits_per_token;
+        break;
+      case CodingKind::kKivi:
+        code += static_cast<int64_t>(h.bits) * head_dim;
+        break;
+    }
+  }
+  double dims = static_cast<double>(heads.size()) * head_dim;
+  s->code_bits_used = code;
+  s->code_bits_per_dim = dims > 0 ? static_cast<double>(code) / dims : 0.0;
+  s->effective_bpd = dims > 0 ? static_cast<double>(code + extra) / dims : 0.0;
+}
+
+}  // namespace kvq::alloc

@@ -1,0 +1,51 @@
+#include "kvq/alloc/uniform.hpp"
+
+#include <cmath>
+
+#include "internal.hpp"
+
+namespace kvq::alloc {
+
+using detail::fail;
+using detail::num;
+
+Allocation allocate_uniform(const Shape& shape, Side side, double bits_per_dim,
+                            const UniformOptions& opt) {
+  validate_shape(shape);
+  if (!std::isfinite(bits_per_dim) || bits_per_dim < 1 || bits_per_dim > opt.b_max ||
+      bits_per_dim != std::floor(bits_per_dim))
+    fail("bits_per_dim", "uniform TQ-MSE needs a whole number of bits in [1, " + num(opt.b_max) +
+                             "], got " + num(bits_per_dim));
+  const int bits = static_cast<int>(bits_per_dim);
+  const int d = shape.head_dim;
+
+  Allocation out;
+  out.heads.reserve(shape.n_heads());
+  for (int i = 0; i < shape.n_heads(); ++i) {
+    HeadDecision h;
+    h.layer = shape.layer_of(i);
+    h.kv_head = shape.head_of(i);
+    h.side = side;
+    h.kind = CodingKind::kTqGroups;
+    h.post_rope = side == Side::kK && opt.post_rope;
+    TqGroup g;
+    g.bits = bits;
+    g.dims.resize(d);
+    for (int j = 0; j < d; ++j) g.dims[j] = j;
+    g.rotation_seed = derive_seed(opt.seed, h.layer, h.kv_head, side, static_cast<uint64_t>(bits));
+    h.groups.push_back(std::move(g));
+    h.budget_bits = bits * d;
+    out.heads.push_back(std::move(h));
+  }
+  auto& s = out.summary;
+  s.method = Method::kUniform;
+  s.nominal_bpd = bits_per_dim;
+  s.budget_total = static_cast<int64_t>(bits) * d * shape.n_heads();
+  s.budget_assigned = s.budget_total;
+  summarize_bits(out.heads, d, opt.overhead, &s);
+  s.params = {{"bits", num(bits)}, {"post_rope", opt.post_rope ? "1" : "0"},
+              {"seed", num(static_cast<unsigned long long>(opt.seed))}};
+  return out;
+}
+
+}  // namespace kvq::alloc
