@@ -1,0 +1,94 @@
+#pragma once
+// Decoder kernels (packed -> fp32, codes, latents) and the device view of a HeadCodec's tables.
+// Free of CUDA runtime calls so tests/cuda/test_kernel_emulation.cpp runs this exact code on CPU
+// threads; kernels/decode.cu adds allocation, copies and launches. Include from one .cu only
+// (kernels are not inline).
+#include <math.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kvq/codec/codec.hpp"
+#include "kvq/cuda/device_codec.cuh"
+
+#ifndef KVQ_DYNAMIC_SMEM
+#define KVQ_DYNAMIC_SMEM(name) extern __shared__ float name[]
+#endif
+
+namespace kvq::cuda::detail {
+
+// Device view of a HeadCodec's tables. upload(const std::vector<T>&) returns the device address
+// of a copy (the .cu uploads with cudaMemcpy; the emulation returns host pointers).
+template <class Upload>
+DevHead make_dev_head(const codec::HeadCodec& c, Upload&& upload) {
+  DevHead v;
+  std::fill(reinterpret_cast<char*>(&v), reinterpret_cast<char*>(&v) + sizeof(v), 0);
+  v.L = c.layout();
+  const int d = c.head_dim();
+  switch (c.decision().kind) {
+    case CodingKind::kTqGroups: {
+      std::vector<float> rot, cb;
+      std::vector<int32_t> dims(static_cast<size_t>(d));
+      std::vector<uint8_t> group_of(static_cast<size_t>(d));
+      for (size_t g = 0; g < c.tq_groups().size(); ++g) {
+        const auto& G = c.tq_groups()[g];
+        v.latent_off[g] = G.latent_offset;
+        v.rot_off[g] = static_cast<uint32_t>(rot.size());
+        v.cb_off[g] = static_cast<uint32_t>(cb.size());
+        rot.insert(rot.end(), G.rotation->matrix.begin(), G.rotation->matrix.end());
+        cb.insert(cb.end(), G.centroids.begin(), G.centroids.end());
+        for (size_t j = 0; j < G.dims.size(); ++j) {
+          dims[G.latent_offset + j] = G.dims[j];
+          group_of[G.latent_offset + j] = static_cast<uint8_t>(g);
+        }
+      }
+      v.rot = upload(rot);
+      v.codebook = upload(cb);
+      v.dims = upload(dims);
+      v.group_of = upload(group_of);
+      break;
+    }
+    case CodingKind::kLowRankHadamard:
+      v.folded = upload(c.folded_basis());
+      v.mean = upload(c.mean());
+      v.step_unit = c.step_unit();
+      break;
+    case CodingKind::kKivi:
+      break;
+  }
+  return v;
+}
+
+// One block per kDecodeTile tokens: latents into shared memory, then the back-transform straight
+// to global memory. Dynamic shared memory: kDecodeTile * code_dim floats.
+__global__ void __launch_bounds__(kThreads)
+decode_kernel(const DevHead* gh, const uint8_t* packed, int n_tokens, float* out) {
+  __shared__ DevHead h;
+  KVQ_DYNAMIC_SMEM(w);
+  load_head(gh, &h);
+  const int t0 = blockIdx.x * kDecodeTile;
+  const int nt = min(kDecodeTile, n_tokens - t0);
+  const int cd = (int)h.L.code_dim;
+  decode_latent_tile(h, packed, (uint32_t)t0, nt, w, cd);
+  __syncthreads();
+  latent_to_x_tile(h, w, cd, nt, out + (size_t)t0 * h.L.head_dim, (int)h.L.head_dim);
+}
+
+// Latents and/or integer codes of every (token, code), grid-stride.
+__global__ void __launch_bounds__(kThreads)
+latent_kernel(const DevHead* gh, const uint8_t* packed, int n_tokens, float* latent,
+              uint8_t* codes) {
+  __shared__ DevHead h;
+  load_head(gh, &h);
+  const size_t cd = h.L.code_dim;
+  const size_t total = (size_t)n_tokens * cd;
+  for (size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x; idx < total;
+       idx += (size_t)gridDim.x * blockDim.x) {
+    const uint32_t t = (uint32_t)(idx / cd), k = (uint32_t)(idx % cd);
+    if (latent) latent[idx] = latent_value(h, packed, t, k);
+    if (codes) codes[idx] = (uint8_t)code_value(h, packed, t, k);
+  }
+}
+
+}  // namespace kvq::cuda::detail

@@ -1,0 +1,44 @@
+#pragma once
+// CPU reference for decode attention over a packed cache: the oracle of the fused CUDA kernel.
+// One query per query head (the newest token) against T cached tokens of its KV head; GQA maps
+// query head h to KV head h / (n_q_heads / n_kv_heads) (HF repeat_kv order).
+#include <cstdint>
+#include <vector>
+
+#include "kvq/codec/codec.hpp"
+
+namespace kvq::codec {
+
+// RoPE applied to decoded keys whose decision says post_rope == false (keys cached pre-RoPE).
+// Block i < rotary_dim/2 rotates by pos * theta^(-2i/rotary_dim) the pair (2i, 2i+1) when
+// interleaved (Meta / llama2.c) or (i, i + rotary_dim/2) when split-half (HF rotate_half).
+struct RopeSpec {
+  bool enabled = false;
+  double theta = 10000.0;
+  int rotary_dim = 0;  // 0 means head_dim
+  bool interleaved = false;
+};
+
+// Rotates x[0..d) in place for position pos (angles and sin/cos in double).
+void apply_rope(float* x, int head_dim, int64_t pos, const RopeSpec& rope);
+
+struct AttentionProblem {
+  int n_q_heads = 0;
+  int n_kv_heads = 0;
+  int head_dim = 0;
+  int n_tokens = 0;                          // T >= 1
+  const float* q = nullptr;                  // [n_q_heads][head_dim], already post-RoPE
+  std::vector<const HeadCodec*> k_codecs;    // [n_kv_heads]
+  std::vector<const HeadCodec*> v_codecs;    // [n_kv_heads]
+  std::vector<const uint8_t*> k_packed;      // [n_kv_heads], T tokens each
+  std::vector<const uint8_t*> v_packed;      // [n_kv_heads]
+  const int32_t* positions = nullptr;        // [T]; required when RoPE is applied to keys
+  RopeSpec rope;
+  float softmax_scale = 0.f;                 // 0 means 1/sqrt(head_dim)
+};
+
+// Throws kvq::Error on inconsistent shapes. out: [n_q_heads][head_dim].
+void validate(const AttentionProblem& p);
+void reference_decode_attention(const AttentionProblem& p, float* out);
+
+}  // namespace kvq::codec

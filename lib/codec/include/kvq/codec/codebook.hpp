@@ -1,0 +1,51 @@
+#pragma once
+// Scalar quantizers for a standard normal source, computed from the Gaussian density with exact
+// integrals (erf/erfc), never hard-coded; each is computed once per process and cached.
+//  - Lloyd-Max codebooks (TQ-MSE): 2^b centroids minimising E[(X - Q(X))^2], X ~ N(0, 1).
+//    For N(0, 1/m) (a coordinate of a rotated unit vector in dim m) scale centroids by 1/sqrt(m).
+//  - MSE-optimal step of the symmetric (midrise) uniform quantizer with 2^b levels (the low-rank
+//    Hadamard path), same source.
+#include <vector>
+
+namespace kvq::codec {
+
+struct LloydMaxCodebook {
+  int bits = 0;
+  std::vector<double> centroids;   // ascending, 2^bits values, symmetric about 0
+  std::vector<double> thresholds;  // 2^bits - 1 cell boundaries (midpoints of centroids)
+  double mse = 0.0;                // E[(X - Q(X))^2] for X ~ N(0, 1), exact integral
+  int iterations = 0;              // Lloyd iterations until the largest centroid move < 1e-12
+};
+
+// bits in [1, 8]; a reference into a process-wide cache (thread-safe, deterministic).
+const LloydMaxCodebook& lloyd_max_gaussian(int bits);
+
+// Centroids and thresholds for N(0, 1/m): the table above times 1/sqrt(m), as float.
+struct ScaledCodebook {
+  std::vector<float> centroids;
+  std::vector<float> thresholds;
+};
+ScaledCodebook scaled_codebook(int bits, int m);
+
+// Index of the nearest centroid given ascending thresholds (ties go to the upper cell).
+inline int nearest_index(const float* thresholds, int n_thresholds, float v) {
+  int lo = 0, hi = n_thresholds;  // first threshold > v
+  while (lo < hi) {
+    const int mid = (lo + hi) >> 1;
+    if (thresholds[mid] <= v) lo = mid + 1; else hi = mid;
+  }
+  return lo;
+}
+
+// Symmetric uniform quantizer with 2^bits levels at (i - 2^(bits-1) + 1/2) * step.
+struct UniformGaussianQuantizer {
+  int bits = 0;
+  double step = 0.0;  // MSE-optimal step for N(0, 1)
+  double mse = 0.0;   // its MSE for N(0, 1)
+};
+const UniformGaussianQuantizer& optimal_uniform_gaussian(int bits);
+
+// Exact MSE of that quantizer with the given step for X ~ N(0, 1).
+double uniform_quantizer_gaussian_mse(int bits, double step);
+
+}  // namespace kvq::codec

@@ -1,0 +1,99 @@
+#pragma once
+// CPU encoder and CPU reference decoder for one (layer, KV head, side), every CodingKind.
+// Inputs are fp32 [T][d] row-major (token t's head vector at x + t*d); output is the packed byte
+// layout of packed_layout.hpp. The decoder is the oracle the CUDA kernels are tested against.
+//
+//  kTqGroups        per group g (dims D_g, m = |D_g|, b bits, seed s_g): rho = ||x_D|| as fp16;
+//                   u = Pi_g x_D / rho~ (rho~ = the stored fp16 value); code_i = nearest Lloyd-Max
+//                   centroid of N(0, 1/m); decode x_D = rho~ Pi_g^T c.
+//  kLowRankHadamard y = U_r^T (x - mu); z = H P D y (hadamard.hpp); rho = ||z|| as fp16;
+//                   step = rho~ * step*(b) / sqrt(r) (step*(b) the MSE-optimal uniform step for
+//                   N(0,1)); code = clamp(floor(z / step) + 2^(b-1), 0, 2^b - 1);
+//                   decode z = (code - 2^(b-1) + 1/2) step, x = U_r D P^T H z + mu.
+//                   The whole transform is folded into the basis once per head (as the paper
+//                   fuses it): M = H P D U_r^T, so encode is z = M (x - mu) and decode is
+//                   x = mu + M^T z, one r x d product per token and no per-token WHT.
+//                   The per-token norm is the quantizer's scale (16 bits per token, counted in the
+//                   effective bpd); HeadDecision::scale is not used.
+//  kKivi            asymmetric min/max: scale = (max - min) / (2^b - 1), zero = min, both fp16;
+//                   code = clamp(round((x - zero~) / scale~), 0, 2^b - 1); decode code*scale~+zero~.
+//                   K: statistics per channel over group_size consecutive tokens; V: per token over
+//                   group_size consecutive channels.
+// Norms above the fp16 range are stored as 65504 (the largest fp16); non-finite inputs throw.
+// Encoding is bit-identical on every CPU (its projections use an FMA-free kernel); decoding may
+// differ in the last bits between CPUs (it uses FMA where available).
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kvq/alloc/decision.hpp"
+#include "kvq/codec/packed_layout.hpp"
+#include "kvq/codec/rotation.hpp"
+
+namespace kvq::codec {
+
+class HeadCodec {
+ public:
+  // Validates (kvq::Error on a bad decision, see layout_for) and builds the tables: rotations and
+  // codebooks (TQ); the folded basis M, mean and step (low-rank). Cheap after the first use of a
+  // (seed, m) rotation and a width's codebook (both cached process-wide). Thread-safe to use
+  // concurrently once built (all methods are const).
+  HeadCodec(const HeadDecision& dec, int head_dim);
+
+  const HeadDecision& decision() const { return dec_; }
+  const layout::PackedLayout& layout() const { return layout_; }
+  int head_dim() const { return d_; }
+  int code_dim() const { return static_cast<int>(layout_.code_dim); }
+  size_t packed_bytes(int n_tokens) const;
+  double effective_bpd() const { return layout::effective_bpd(layout_); }
+
+  // x: [n_tokens][d]; out: packed_bytes(n_tokens) bytes (fully written, padding zero).
+  void encode(const float* x, int n_tokens, uint8_t* out) const;
+  std::vector<uint8_t> encode(const float* x, int n_tokens) const;
+  // out: [n_tokens][d].
+  void decode(const uint8_t* packed, int n_tokens, float* out) const;
+  // quantize -> dequantize.
+  void round_trip(const float* x, int n_tokens, float* out) const;
+
+  // Integer codes, [n_tokens][code_dim] in code-stream order (TQ: group by group).
+  void unpack_codes(const uint8_t* packed, int n_tokens, uint8_t* codes) const;
+  // Per-token values before the linear back-transform, [n_tokens][code_dim]: TQ rho~ * centroid
+  // (rotated coordinates), low-rank the dequantized z, KIVI the decoded x. The fused attention
+  // kernel works in this domain (q is moved into it once per query instead of decoding each key).
+  void decode_latent(const uint8_t* packed, int n_tokens, float* latent) const;
+
+  // ---- tables (the CUDA side uploads exactly these) ----
+  struct TqGroupTables {
+    std::vector<int> dims;             // head coordinates, code order
+    int bits = 0;
+    uint32_t latent_offset = 0;        // first code/latent index of the group
+    std::shared_ptr<const Rotation> rotation;
+    std::vector<float> centroids;      // 2^bits, for N(0, 1/m)
+    std::vector<float> thresholds;     // 2^bits - 1
+  };
+  const std::vector<TqGroupTables>& tq_groups() const { return groups_; }
+  const std::vector<float>& folded_basis() const { return folded_; }  // M = H P D U_r^T, [r][d]
+  const std::vector<float>& mean() const { return mean_; }            // [d]
+  float step_unit() const { return step_unit_; }                      // step*(b) / sqrt(r)
+
+ private:
+  void encode_tq(const float* x, int n_tokens, uint8_t* out) const;
+  void encode_lrh(const float* x, int n_tokens, uint8_t* out) const;
+  void encode_kivi(const float* x, int n_tokens, uint8_t* out) const;
+  void latent_to_output(const float* latent, int n_tokens, float* out) const;
+
+  HeadDecision dec_;
+  int d_ = 0;
+  layout::PackedLayout layout_{};
+  std::vector<TqGroupTables> groups_;
+  bool tq_identity_dims_ = false;  // a single group with dims 0..d-1: no scatter
+  std::vector<float> folded_, folded_t_, mean_;  // M [r][d], M^T [d][r], mu [d]
+  float step_unit_ = 0.f;
+};
+
+// Convenience: decision -> quantize -> dequantize of x [n_tokens][head_dim].
+std::vector<float> quantize_dequantize(const HeadDecision& dec, int head_dim, const float* x,
+                                       int n_tokens);
+
+}  // namespace kvq::codec
