@@ -1,0 +1,331 @@
+#include "kvq/model/model.hpp"
+
+#include <ATen/Parallel.h>
+#include <c10/core/InferenceMode.h>
+#include <dlfcn.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "kvq/util/error.hpp"
+#include "weights.hpp"
+
+namespace fs = std::filesystem;
+
+namespace kvq {
+
+Model::Model() = default;
+Model::Model(Model&&) noexcept = default;
+Model& Model::operator=(Model&&) noexcept = default;
+Model::~Model() = default;
+
+Model Model::load(const std::string& path) {
+  const fs::path p(path);
+  std::error_code ec;
+  if (!fs::exists(p, ec)) throw Error(path, "", "no such file or directory");
+  Model m;
+  m.w_ = std::make_unique<ModelWeights>();
+  m.path_ = path;
+  const std::string name = p.filename().string();
+  if (fs::is_directory(p)) {
+    detail::load_hf(path, &m.config_, m.w_.get(), &m.config_sha256_);
+  } else if (name == "config.json" || name == "model.safetensors.index.json" ||
+             p.extension() == ".safetensors") {
+    // A file inside an HF directory stands for the directory.
+    const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
+    detail::load_hf(dir, &m.config_, m.w_.get(), &m.config_sha256_);
+    m.path_ = dir;
+  } else {
+    detail::load_llama2c(path, &m.config_, m.w_.get(), &m.config_sha256_);
+  }
+  return m;
+}
+
+namespace {
+
+// cos/sin of pos * theta^(-2i/d_r) for every position and rotary block: [seq][d_r/2].
+struct RopeTable {
+  int half = 0;
+  std::vector<float> cos, sin;
+};
+
+RopeTable make_rope_table(const int64_t* positions, int seq, const ModelConfig& cfg) {
+  RopeTable tab;
+  tab.half = cfg.rotary_dim / 2;
+  std::vector<double> inv_freq(tab.half);
+  for (int i = 0; i < tab.half; ++i)
+    inv_freq[i] = std::pow(cfg.rope_theta, -2.0 * i / cfg.rotary_dim);
+  tab.cos.resize(size_t(seq) * tab.half);
+  tab.sin.resize(size_t(seq) * tab.half);
+  for (int t = 0; t < seq; ++t)
+    for (int i = 0; i < tab.half; ++i) {
+      const double angle = double(positions[t]) * inv_freq[i];  // double: exact at long positions
+      tab.cos[size_t(t) * tab.half + i] = float(std::cos(angle));
+      tab.sin[size_t(t) * tab.half + i] = float(std::sin(angle));
+    }
+  return tab;
+}
+
+// x: [n_windows][seq][rows_per_pos][head_dim]. The single RoPE kernel: the forward and
+// apply_rope both run it, so they agree bit for bit.
+void rope_rows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,
+               const RopeTable& tab, RopePairing pairing, bool inverse) {
+  const int half = tab.half;
+  const float sign = inverse ? -1.f : 1.f;
+  const int64_t n_pos = n_windows * seq;
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, rows_per_pos * head_dim));
+  at::parallel_for(0, n_pos, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t wt = begin; wt < end; ++wt) {
+      const int t = int(wt % seq);
+      const float* c = tab.cos.data() + size_t(t) * half;
+      const float* s = tab.sin.data() + size_t(t) * half;
+      for (int64_t r = 0; r < rows_per_pos; ++r) {
+        float* row = x + (wt * rows_per_pos + r) * head_dim;
+        if (pairing == RopePairing::kSplitHalf) {
+          float* lo = row;
+          float* hi = row + half;
+          for (int i = 0; i < half; ++i) {
+            const float a = lo[i], b = hi[i], si = sign * s[i];
+            lo[i] = a * c[i] - b * si;
+            hi[i] = b * c[i] + a * si;
+          }
+        } else {
+          for (int i = 0; i < half; ++i) {
+            const float a = row[2 * i], b = row[2 * i + 1], si = sign * s[i];
+            row[2 * i] = a * c[i] - b * si;
+            row[2 * i + 1] = b * c[i] + a * si;
+          }
+        }
+      }
+    }
+  });
+}
+
+// out = x / rms(x) * w over the last dim of contiguous [N, D] tensors.
+void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& out) {
+  const int64_t n = x.size(0), d = x.size(1);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, std::max<int64_t>(1, 16384 / d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xp + r * d;
+      float* yr = op + r * d;
+      // Eight independent partial sums let the compiler vectorise without -ffast-math.
+      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t j = 0;
+      for (; j + 8 <= d; j += 8)
+        for (int u = 0; u < 8; ++u) part[u] += xr[j + u] * xr[j + u];
+      double ss = 0;
+      for (int u = 0; u < 8; ++u) ss += part[u];
+      for (; j < d; ++j) ss += double(xr[j]) * xr[j];
+      const float inv = float(1.0 / std::sqrt(ss / double(d) + eps));
+      for (int64_t k = 0; k < d; ++k) yr[k] = (xr[k] * inv) * wp[k];
+    }
+  });
+}
+
+// Buffers of one forward call, allocated once and reused by every layer (fresh multi-MB
+// allocations would otherwise page-fault in each layer).
+struct Workspace {
+  at::Tensor h, qkv, q, k, v, attn, gate_up, act;  // per token
+  at::Tensor qh, kh, vh, scores, probs, out;       // attention, per chunk of windows
+  at::Tensor mask_diag;                            // [tb*G, tb] additive causal mask
+  int64_t batch = 0, seq = 0, chunk = 1, tb = 1;
+
+  Workspace(const ModelConfig& c, int64_t B, int64_t T) : batch(B), seq(T) {
+    const int64_t N = B * T, H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
+    auto f = [](std::initializer_list<int64_t> shape) { return at::empty(shape, at::kFloat); };
+    h = f({N, c.hidden_size});
+    qkv = f({N, (H + 2 * Hk) * d});
+    q = f({N, H * d});
+    k = f({N, Hk * d});
+    v = f({N, Hk * d});
+    attn = f({N, H * d});
+    gate_up = f({N, 2 * int64_t(c.intermediate_size)});
+    act = f({N, c.intermediate_size});
+    // Query blocks of tb positions only score the keys up to their end (about half of T x T);
+    // a few windows per chunk keep each block's scores cache-resident.
+    tb = std::min<int64_t>(T, std::max<int64_t>(64, (T + 7) / 8));
+    const int64_t per_window = H * tb * T * int64_t(sizeof(float));
+    chunk = std::max<int64_t>(1, std::min<int64_t>(B, (int64_t(4) << 20) / per_window));
+    qh = f({chunk * Hk, T * G, d});
+    kh = f({chunk * Hk, T, d});
+    vh = f({chunk * Hk, T, d});
+    scores = f({chunk * Hk * tb * G * T});
+    probs = f({chunk * Hk * tb * G * T});
+    out = f({chunk * Hk * tb * G * d});
+    // Row i*G + g (query i of the block, head g of the group) may see keys j <= i of the block.
+    mask_diag = at::full({tb, tb}, -std::numeric_limits<float>::infinity(), at::kFloat)
+                    .triu_(1)
+                    .unsqueeze(1)
+                    .expand({tb, G, tb})
+                    .reshape({tb * G, tb});
+  }
+};
+
+// The model's cached Workspace for the duration of one forward when it is free (an atomic flag,
+// not a mutex, because an observer may call forward re-entrantly), else a private one.
+class WorkspaceLease {
+ public:
+  WorkspaceLease(ModelWeights& w, const ModelConfig& c, int64_t B, int64_t T)
+      : w_(w), owned_(!w.scratch_busy.exchange(true)) {
+    if (owned_) ws_ = std::static_pointer_cast<Workspace>(w.scratch);
+    if (!ws_ || ws_->batch != B || ws_->seq != T) {
+      ws_.reset();
+      if (owned_) w.scratch.reset();  // free the old buffers before allocating new ones
+      ws_ = std::make_shared<Workspace>(c, B, T);
+      if (owned_) w.scratch = ws_;
+    }
+  }
+  ~WorkspaceLease() {
+    if (owned_) w_.scratch_busy.store(false);
+  }
+  WorkspaceLease(const WorkspaceLease&) = delete;
+  WorkspaceLease& operator=(const WorkspaceLease&) = delete;
+  Workspace& get() { return *ws_; }
+
+ private:
+  ModelWeights& w_;
+  bool owned_;
+  std::shared_ptr<Workspace> ws_;
+};
+
+// Causal attention of ws.q (post-RoPE, [B*T, H*d]) over ws.k, ws.v ([B*T, Hkv*d]) into ws.attn.
+// The G query heads of a KV head are stacked as extra rows (t*G + g), so K and V are never
+// repeated and each query block is a contiguous row range.
+void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c) {
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
+  const double scale = 1.0 / std::sqrt(double(d));
+  const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, d});
+  at::Tensor attn5 = ws.attn.view({B, T, Hk, G, d});
+  for (int64_t b0 = 0; b0 < B; b0 += ws.chunk) {
+    const int64_t nb = std::min(ws.chunk, B - b0), n = nb * Hk;
+    at::Tensor qh = ws.qh.narrow(0, 0, n), kh = ws.kh.narrow(0, 0, n), vh = ws.vh.narrow(0, 0, n);
+    qh.view({nb, Hk, T, G, d}).copy_(q5.narrow(0, b0, nb).permute({0, 2, 1, 3, 4}));
+    qh.mul_(scale);  // on q rather than on the larger score blocks
+    kh.view({nb, Hk, T, d}).copy_(k4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    vh.view({nb, Hk, T, d}).copy_(v4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    for (int64_t t0 = 0; t0 < T; t0 += ws.tb) {
+      const int64_t len = std::min(ws.tb, T - t0), t1 = t0 + len, rows = len * G;
+      at::Tensor s = ws.scores.narrow(0, 0, n * rows * t1).view({n, rows, t1});
+      at::Tensor p = ws.probs.narrow(0, 0, n * rows * t1).view({n, rows, t1});
+      at::Tensor o = ws.out.narrow(0, 0, n * rows * d).view({n, rows, d});
+      at::bmm_out(s, qh.narrow(1, t0 * G, rows), kh.narrow(1, 0, t1).transpose(1, 2));
+      s.narrow(2, t0, len).add_(ws.mask_diag.narrow(0, 0, rows).narrow(1, 0, len));
+      at::softmax_out(p, s, -1);
+      at::bmm_out(o, p, vh.narrow(1, 0, t1));
+      attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, d}).permute({0, 2, 1, 3, 4}));
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) const {
+  c10::InferenceMode guard;
+  const ModelConfig& c = config_;
+  if (!ids_in.defined() || (ids_in.dim() != 1 && ids_in.dim() != 2) || ids_in.numel() == 0)
+    throw Error(path_, "ids", "expected a non-empty [T] or [B, T] tensor of token ids");
+  if (ids_in.scalar_type() != at::kLong && ids_in.scalar_type() != at::kInt)
+    throw Error(path_, "ids", std::string("expected int64 token ids, got ") + c10::toString(ids_in.scalar_type()));
+  at::Tensor ids = ids_in.to(at::kCPU, at::kLong).contiguous();
+  if (ids.dim() == 1) ids = ids.unsqueeze(0);
+  const int64_t B = ids.size(0), T = ids.size(1), N = B * T;
+  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= c.vocab_size)
+    throw Error(path_, "ids", "token id " + std::to_string(lo < 0 ? lo : hi) + " is outside the vocabulary [0, " +
+                                  std::to_string(c.vocab_size) + ")");
+  if (opts.pos0 < 0) throw Error(path_, "pos0", std::to_string(opts.pos0) + " is negative");
+  if (c.sliding_window > 0 && T > c.sliding_window)
+    throw Error(path_, "sliding_window", "window of " + std::to_string(T) + " tokens exceeds the model's " +
+                                             std::to_string(c.sliding_window) + " (sliding attention is not implemented)");
+
+  std::vector<int64_t> positions(T);
+  for (int64_t t = 0; t < T; ++t) positions[t] = opts.pos0 + t;
+  const RopeTable rope = make_rope_table(positions.data(), int(T), c);
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim, I = c.intermediate_size;
+  const int64_t qd = H * d, kvd = Hk * d;
+  WorkspaceLease lease(*w_, c, B, T);
+  Workspace& ws = lease.get();
+
+  at::Tensor x = at::index_select(w_->embed, 0, ids.view({N}));  // [N, D] residual stream, a fresh copy
+  for (int l = 0; l < c.n_layers; ++l) {
+    const LayerWeights& L = w_->layers[l];
+    rms_norm(x, L.attn_norm, c.rms_norm_eps, ws.h);
+    if (L.bqkv.defined())
+      at::addmm_out(ws.qkv, L.bqkv, ws.h, L.wqkv.t());
+    else
+      at::mm_out(ws.qkv, ws.h, L.wqkv.t());
+    ws.q.copy_(ws.qkv.narrow(1, 0, qd));
+    ws.k.copy_(ws.qkv.narrow(1, qd, kvd));
+    ws.v.copy_(ws.qkv.narrow(1, qd + kvd, kvd));
+    if (opts.observer) {
+      LayerCapture cap;
+      cap.layer = l;
+      cap.batch = int(B);
+      cap.seq = int(T);
+      cap.n_heads = int(H);
+      cap.n_kv_heads = int(Hk);
+      cap.head_dim = int(d);
+      cap.q = ws.q.data_ptr<float>();
+      cap.k = ws.k.data_ptr<float>();
+      cap.v = ws.v.data_ptr<float>();
+      cap.positions = positions.data();
+      opts.observer->on_layer(cap);
+    }
+    if (opts.kv_transform) {
+      LayerKv kv;
+      kv.layer = l;
+      kv.batch = int(B);
+      kv.seq = int(T);
+      kv.n_kv_heads = int(Hk);
+      kv.head_dim = int(d);
+      kv.k = ws.k.data_ptr<float>();
+      kv.v = ws.v.data_ptr<float>();
+      kv.positions = positions.data();
+      opts.kv_transform->apply(kv);
+    }
+    rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), rope, c.pairing, false);
+    rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), rope, c.pairing, false);
+    attention(ws, B, T, c);
+    if (L.bo.defined()) x.add_(L.bo);
+    x.addmm_(ws.attn, L.wo.t());
+
+    rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
+    at::mm_out(ws.gate_up, ws.h, L.w_gate_up.t());
+    at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
+    ws.act.mul_(ws.gate_up.narrow(1, I, I));
+    x.addmm_(ws.act, L.w_down.t());
+  }
+  if (!opts.logits) return at::Tensor();
+  rms_norm(x, w_->final_norm, c.rms_norm_eps, ws.h);
+  return at::mm(ws.h, w_->lm_head.t()).view({B, T, c.vocab_size});
+}
+
+void apply_rope_windows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,
+                        const int64_t* positions, const ModelConfig& cfg, bool inverse) {
+  KVQ_ASSERT(cfg.rotary_dim >= 2 && cfg.rotary_dim <= head_dim && cfg.rotary_dim % 2 == 0);
+  if (seq <= 0 || n_windows <= 0) return;
+  const RopeTable tab = make_rope_table(positions, seq, cfg);
+  rope_rows(x, n_windows, seq, rows_per_pos, head_dim, tab, cfg.pairing, inverse);
+}
+
+void apply_rope(float* x, int64_t rows_per_pos, int seq, int head_dim, const int64_t* positions,
+                const ModelConfig& cfg, bool inverse) {
+  apply_rope_windows(x, 1, seq, rows_per_pos, head_dim, positions, cfg, inverse);
+}
+
+int set_threads(int n) {
+  if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
+  at::set_num_threads(n);
+  // ATen does not size OpenBLAS's own pool, which would otherwise spin on every core during GEMMs.
+  using SetBlasThreads = void (*)(int);
+  if (auto f = reinterpret_cast<SetBlasThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
+  return at::get_num_threads();
+}
+
+}  // namespace kvq

@@ -1,7 +1,8 @@
 #pragma once
 // Capture points of the forward. The forward calls the observer once per layer per batch with
 // pre-RoPE q (every query head), pre-RoPE k, v and the positions, as plain fp32 row-major arrays
-// so that consumers need no LibTorch. A forward without an observer pays nothing.
+// so that consumers need no LibTorch. A forward without an observer pays nothing. The arrays are
+// valid only during the call (the forward reuses them): copy what you keep.
 #include <cstdint>
 
 namespace kvq {

@@ -30,7 +30,9 @@ struct ModelConfig {
   RopePairing pairing = RopePairing::kSplitHalf;
   double rms_norm_eps = 1e-5;
   bool tie_word_embeddings = false;
-  bool qkv_bias = false;  // Qwen2
+  bool qkv_bias = false;  // Qwen2; Llama with attention_bias
+  bool o_bias = false;    // Llama with attention_bias
+  int sliding_window = 0;  // > 0: attention window of the checkpoint; longer windows are refused
   int bos_id = 1;
   int eos_id = 2;
 

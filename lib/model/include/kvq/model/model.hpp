@@ -45,10 +45,16 @@ class Model {
   std::unique_ptr<ModelWeights> w_;
 };
 
-// Applies RoPE in place to x [..., T, H, d] (fp32, contiguous) at the given positions; the same
-// routine the forward uses, exposed for tests and for post-RoPE codecs.
+// Applies RoPE in place to x [T][rows_per_pos][head_dim] (fp32, contiguous; rows_per_pos is
+// usually the head count) at positions[T]; inverse rotates back. The same kernel the forward uses,
+// so results match it bit for bit. Uses cfg.rotary_dim, cfg.pairing and cfg.rope_theta; dims at or
+// past rotary_dim are left untouched.
 void apply_rope(float* x, int64_t rows_per_pos, int seq, int head_dim, const int64_t* positions,
                 const ModelConfig& cfg, bool inverse = false);
+// The same for n_windows windows laid out [n_windows][T][rows_per_pos][head_dim] that share
+// positions[T] (the layout of LayerCapture / LayerKv).
+void apply_rope_windows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,
+                        const int64_t* positions, const ModelConfig& cfg, bool inverse = false);
 
 // Sets LibTorch intra-op threads (n <= 0: all cores). Returns the count set.
 int set_threads(int n);

@@ -1,0 +1,265 @@
+// HF checkpoints: config.json + safetensors (single file or sharded through an index).
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "kvq/util/atomic_file.hpp"
+#include "kvq/util/error.hpp"
+#include "kvq/util/sha256.hpp"
+#include "safetensors.hpp"
+#include "weights.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace kvq::detail {
+namespace {
+
+json parse_json_file(const std::string& path) {
+  std::string text = read_file(path);
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw Error(path, "", "is not valid JSON");
+  if (!j.is_object()) throw Error(path, "", "top level is not a JSON object");
+  return j;
+}
+
+// Reads config values with the file and key in every error.
+class ConfigReader {
+ public:
+  ConfigReader(const json& j, std::string path) : j_(j), path_(std::move(path)) {}
+
+  bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
+
+  int positive_int(const char* key) const {
+    if (!has(key)) throw Error(path_, key, "missing");
+    const json& v = j_[key];
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 30))
+      throw Error(path_, key, "expected a positive integer, found " + v.dump());
+    return static_cast<int>(v.get<int64_t>());
+  }
+  int positive_int(const char* key, int def) const { return has(key) ? positive_int(key) : def; }
+
+  double positive_number(const char* key) const {
+    if (!has(key)) throw Error(path_, key, "missing");
+    const json& v = j_[key];
+    if (!v.is_number() || !(v.get<double>() > 0))
+      throw Error(path_, key, "expected a positive number, found " + v.dump());
+    return v.get<double>();
+  }
+  double positive_number(const char* key, double def) const {
+    return has(key) ? positive_number(key) : def;
+  }
+
+  bool boolean(const char* key, bool def) const {
+    if (!has(key)) return def;
+    if (!j_[key].is_boolean()) throw Error(path_, key, "expected true or false, found " + j_[key].dump());
+    return j_[key].get<bool>();
+  }
+
+  // Token ids may be an integer, a list (first entry is used) or null (none: -1).
+  int token_id(const char* key, int def) const {
+    if (!j_.contains(key)) return def;
+    const json& v = j_[key];
+    if (v.is_null()) return -1;
+    const json& x = v.is_array() && !v.empty() ? v[0] : v;
+    if (!x.is_number_integer() || x.get<int64_t>() < 0)
+      throw Error(path_, key, "expected a token id, found " + v.dump());
+    return static_cast<int>(x.get<int64_t>());
+  }
+
+  std::string string(const char* key) const {
+    if (!has(key)) return "";
+    if (!j_[key].is_string()) throw Error(path_, key, "expected a string, found " + j_[key].dump());
+    return j_[key].get<std::string>();
+  }
+
+  const json& raw(const char* key) const { return j_[key]; }
+
+ private:
+  const json& j_;
+  std::string path_;
+};
+
+std::string architecture_of(const ConfigReader& r, const json& j, const std::string& path) {
+  static const std::map<std::string, std::string> by_class = {
+      {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"}};
+  const std::string supported = " (supported: llama, mistral, qwen2)";
+  std::string mt = r.string("model_type");
+  if (!mt.empty()) {
+    if (mt == "llama" || mt == "mistral" || mt == "qwen2") return mt;
+    throw Error(path, "model_type", "unsupported architecture '" + mt + "'" + supported);
+  }
+  if (r.has("architectures")) {
+    const json& a = j["architectures"];
+    if (a.is_array() && !a.empty() && a[0].is_string()) {
+      auto it = by_class.find(a[0].get<std::string>());
+      if (it != by_class.end()) return it->second;
+      throw Error(path, "architectures", "unsupported architecture '" + a[0].get<std::string>() + "'" + supported);
+    }
+    throw Error(path, "architectures", "expected a list of class names, found " + a.dump());
+  }
+  throw Error(path, "model_type", "missing (and no architectures list)");
+}
+
+}  // namespace
+
+ModelConfig parse_hf_config(const std::string& path) {
+  const json j = parse_json_file(path);
+  const ConfigReader r(j, path);
+  ModelConfig c;
+  c.architecture = architecture_of(r, j, path);
+  c.hidden_size = r.positive_int("hidden_size");
+  c.n_layers = r.positive_int("num_hidden_layers");
+  c.n_heads = r.positive_int("num_attention_heads");
+  c.n_kv_heads = r.positive_int("num_key_value_heads", c.n_heads);
+  if (!r.has("head_dim") && c.hidden_size % c.n_heads != 0)
+    throw Error(path, "hidden_size", std::to_string(c.hidden_size) + " is not divisible by num_attention_heads " +
+                                         std::to_string(c.n_heads) + " (and head_dim is not given)");
+  c.head_dim = r.positive_int("head_dim", c.hidden_size / c.n_heads);
+  c.intermediate_size = r.positive_int("intermediate_size");
+  c.vocab_size = r.positive_int("vocab_size");
+  c.max_seq_len = r.positive_int("max_position_embeddings");
+  c.rope_theta = r.positive_number("rope_theta", 10000.0);
+  c.rms_norm_eps = r.positive_number("rms_norm_eps");
+  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c.bos_id = r.token_id("bos_token_id", 1);
+  c.eos_id = r.token_id("eos_token_id", 2);
+  c.pairing = RopePairing::kSplitHalf;  // HF rotate_half, for every architecture read here
+
+  if (c.n_heads % c.n_kv_heads != 0)
+    throw Error(path, "num_key_value_heads", std::to_string(c.n_kv_heads) +
+                                                 " does not divide num_attention_heads " + std::to_string(c.n_heads));
+  if (c.head_dim % 2 != 0) throw Error(path, "head_dim", std::to_string(c.head_dim) + " is odd");
+
+  const double factor = r.positive_number("partial_rotary_factor", 1.0);
+  if (factor > 1.0) throw Error(path, "partial_rotary_factor", std::to_string(factor) + " is above 1");
+  c.rotary_dim = static_cast<int>(c.head_dim * factor);
+  if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
+    throw Error(path, "partial_rotary_factor",
+                std::to_string(factor) + " gives rotary dim " + std::to_string(c.rotary_dim) +
+                    " for head_dim " + std::to_string(c.head_dim) + " (must be even and >= 2)");
+
+  // Features that change the math and are not implemented: refuse rather than compute wrong logits.
+  const std::string act = r.string("hidden_act");
+  if (!act.empty() && act != "silu")
+    throw Error(path, "hidden_act", "'" + act + "' is not supported (silu)");
+  if (r.has("rope_scaling"))
+    throw Error(path, "rope_scaling", r.raw("rope_scaling").dump() + " is not supported");
+  if (r.boolean("mlp_bias", false)) throw Error(path, "mlp_bias", "true is not supported");
+
+  if (c.architecture == "qwen2") {
+    c.qkv_bias = true;
+    if (r.boolean("use_sliding_window", false)) c.sliding_window = r.positive_int("sliding_window");
+  } else if (c.architecture == "llama") {
+    c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
+  } else if (c.architecture == "mistral") {
+    c.sliding_window = r.positive_int("sliding_window", 0);
+  }
+  return c;
+}
+
+void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::string* config_sha256) {
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  if (!fs::exists(config_path)) throw Error(dir, "config.json", "missing");
+  *cfg = parse_hf_config(config_path);
+  *config_sha256 = sha256_file(config_path);
+  const ModelConfig& c = *cfg;
+
+  // Where each tensor lives: one file, or the shard named by the index's weight_map.
+  const std::string single = (fs::path(dir) / "model.safetensors").string();
+  const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> shards;
+  std::map<std::string, const SafetensorsFile*> owner;
+  std::string source;  // the file named when a tensor is absent
+  if (fs::exists(single)) {
+    source = single;
+    auto f = std::make_unique<SafetensorsFile>(single);
+    for (const auto& kv : f->tensors()) owner[kv.first] = f.get();
+    shards[single] = std::move(f);
+  } else if (fs::exists(index)) {
+    source = index;
+    const json j = parse_json_file(index);
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+      throw Error(index, "weight_map", "missing or not an object");
+    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+      const std::string field = "weight_map['" + it.key() + "']";
+      if (!it.value().is_string()) throw Error(index, field, "expected a file name, found " + it.value().dump());
+      const std::string shard = it.value().get<std::string>();
+      if (shard.empty() || shard.find('/') != std::string::npos || shard == "..")
+        throw Error(index, field, "'" + shard + "' is not a file name in the model directory");
+      const std::string shard_path = (fs::path(dir) / shard).string();
+      auto& f = shards[shard_path];
+      if (!f) {
+        if (!fs::exists(shard_path)) throw Error(index, field, "shard '" + shard + "' does not exist");
+        f = std::make_unique<SafetensorsFile>(shard_path);
+      }
+      owner[it.key()] = f.get();
+    }
+  } else {
+    throw Error(dir, "model.safetensors", "missing (and no model.safetensors.index.json)");
+  }
+
+  const int64_t D = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
+  const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
+  struct Want { std::string name; std::vector<int64_t> shape; };
+  std::vector<Want> wants;
+  wants.push_back({"model.embed_tokens.weight", {V, D}});
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    wants.push_back({p + "input_layernorm.weight", {D}});
+    wants.push_back({p + "self_attn.q_proj.weight", {qd, D}});
+    wants.push_back({p + "self_attn.k_proj.weight", {kvd, D}});
+    wants.push_back({p + "self_attn.v_proj.weight", {kvd, D}});
+    if (c.qkv_bias) {
+      wants.push_back({p + "self_attn.q_proj.bias", {qd}});
+      wants.push_back({p + "self_attn.k_proj.bias", {kvd}});
+      wants.push_back({p + "self_attn.v_proj.bias", {kvd}});
+    }
+    wants.push_back({p + "self_attn.o_proj.weight", {D, qd}});
+    if (c.o_bias) wants.push_back({p + "self_attn.o_proj.bias", {D}});
+    wants.push_back({p + "post_attention_layernorm.weight", {D}});
+    wants.push_back({p + "mlp.gate_proj.weight", {I, D}});
+    wants.push_back({p + "mlp.up_proj.weight", {I, D}});
+    wants.push_back({p + "mlp.down_proj.weight", {D, I}});
+  }
+  wants.push_back({"model.norm.weight", {D}});
+  if (!c.tie_word_embeddings) wants.push_back({"lm_head.weight", {V, D}});
+
+  auto file_of = [&](const std::string& name) -> const SafetensorsFile& {
+    auto it = owner.find(name);
+    if (it == owner.end())
+      throw Error(source, "tensor '" + name + "'", source == index ? "not in weight_map" : "missing");
+    return *it->second;
+  };
+  // Validate everything before allocating anything.
+  for (const auto& want : wants) file_of(want.name).check(want.name, want.shape);
+
+  std::map<std::string, at::Tensor> t;
+  for (const auto& want : wants) t[want.name] = file_of(want.name).load_f32(want.name, want.shape);
+
+  w->embed = t.at("model.embed_tokens.weight");
+  w->final_norm = t.at("model.norm.weight");
+  w->lm_head = c.tie_word_embeddings ? w->embed : t.at("lm_head.weight");
+  w->layers.resize(c.n_layers);
+  for (int l = 0; l < c.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights& L = w->layers[l];
+    L.attn_norm = t.at(p + "input_layernorm.weight");
+    L.wqkv = at::cat({t.at(p + "self_attn.q_proj.weight"), t.at(p + "self_attn.k_proj.weight"),
+                      t.at(p + "self_attn.v_proj.weight")}, 0);
+    if (c.qkv_bias)
+      L.bqkv = at::cat({t.at(p + "self_attn.q_proj.bias"), t.at(p + "self_attn.k_proj.bias"),
+                        t.at(p + "self_attn.v_proj.bias")}, 0);
+    L.wo = t.at(p + "self_attn.o_proj.weight");
+    if (c.o_bias) L.bo = t.at(p + "self_attn.o_proj.bias");
+    L.ffn_norm = t.at(p + "post_attention_layernorm.weight");
+    L.w_gate_up = at::cat({t.at(p + "mlp.gate_proj.weight"), t.at(p + "mlp.up_proj.weight")}, 0);
+    L.w_down = t.at(p + "mlp.down_proj.weight");
+    for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                          "mlp.gate_proj.weight", "mlp.up_proj.weight"})
+      t.erase(p + n);  // the stacked copies replace them; free as we go
+  }
+}
+
+}  // namespace kvq::detail

@@ -1,0 +1,45 @@
+#pragma once
+// Safetensors reader: 8-byte little-endian header length, JSON header, raw data. The whole header
+// is validated on open (length against file size, every tensor's dtype, shape and data_offsets), so
+// loading a tensor afterwards cannot read outside the file.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "mapped_file.hpp"
+
+namespace kvq::detail {
+
+struct StTensorInfo {
+  std::string dtype;            // safetensors dtype name, e.g. "F32"
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte range relative to the data section
+};
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);  // throws kvq::Error
+
+  const std::string& path() const { return file_.path(); }
+  const StTensorInfo* find(const std::string& name) const;
+  const std::map<std::string, StTensorInfo>& tensors() const { return tensors_; }
+
+  // Checks that `name` exists, has a loadable float dtype (F32/F16/BF16) and the expected shape;
+  // throws kvq::Error naming this file, the tensor and what was found.
+  void check(const std::string& name, const std::vector<int64_t>& shape) const;
+  // check() then a new fp32 tensor with the converted contents.
+  at::Tensor load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
+
+ private:
+  MappedFile file_;
+  const uint8_t* data_ = nullptr;  // start of the data section
+  std::map<std::string, StTensorInfo> tensors_;
+};
+
+std::string shape_str(const std::vector<int64_t>& shape);
+
+}  // namespace kvq::detail
