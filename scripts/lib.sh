@@ -29,6 +29,8 @@ kvq_install() {
 kvq_build() {
   export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kvq-ccache}
   export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-5G}
+  # Clones at different paths share the cache: paths are hashed relative to the source root.
+  export CCACHE_BASEDIR=$KVQ_ROOT CCACHE_NOHASHDIR=1
   if [ ! -f "$KVQ_BUILD/build.ninja" ]; then
     kvq_log "configuring in $KVQ_BUILD"
     cmake -S "$KVQ_ROOT" -B "$KVQ_BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \

@@ -10,6 +10,7 @@
 #include "kvq/codec/codebook.hpp"
 #include "kvq/codec/codec.hpp"
 #include "kvq/stats/derived.hpp"
+#include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
 
@@ -260,6 +261,7 @@ AllocFile run_allocate(const AllocateOptions& o) {
   a.k_bpd_effective = side_effective_bpd(a.heads, Side::kK, sh.head_dim);
   a.v_bpd_effective = side_effective_bpd(a.heads, Side::kV, sh.head_dim);
   write_alloc(o.out, a);
+  if (!o.manifest_json.empty()) write_file_atomically(o.manifest_json, alloc_manifest(a).dump(1) + "\n");
   spdlog::info("{}: K {} at {} bpd (effective {:.4f}), V {} at {} bpd (effective {:.4f})", o.out, a.method,
                a.k_bpd_nominal, a.k_bpd_effective, a.v_method, a.v_bpd_nominal, a.v_bpd_effective);
   return a;

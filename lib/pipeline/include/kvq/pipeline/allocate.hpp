@@ -10,6 +10,7 @@ namespace kvq {
 struct AllocateOptions {
   std::string calib;
   std::string out;
+  std::string manifest_json;         // optional: also write the JSON manifest here
   std::string method = "block-gtq";  // uniform | block-gtq | cobra-mse | cobra-kl | cobra-dp | cobra-measured
   double bpd = 3.0;
   std::string v_method = "uniform";  // uniform | cobra-mse | cobra-dp | cobra-measured

@@ -1,0 +1,53 @@
+#pragma once
+// kvq-verify's work: code the held-out windows of a calibration file with an allocation (and a
+// baseline at the same nominal budget), decode with the CPU reference (and CUDA when present), and
+// measure what the model's attention would see.
+#include <nlohmann/json.hpp>
+
+#include <string>
+#include <vector>
+
+namespace kvq {
+
+struct VerifyOptions {
+  std::string calib, alloc;
+  std::string baseline = "uniform";  // uniform | kivi
+  double baseline_k_bpd = 0;         // 0: the allocation's nominal K budget (whole bits)
+  double baseline_v_bpd = 0;         // 0: the allocation's nominal V budget
+  bool cuda = true;                  // check the CUDA decoder against the CPU one when a GPU is there
+  // Gates (negative = off). Overall figures, or layer counts.
+  double max_logit_mae = -1, max_kl = -1, min_top10 = -1, max_nmse_k = -1, max_nmse_v = -1;
+  int min_layer_wins = -1;
+};
+
+struct Metrics {
+  double logit_mae = 0;   // |q.k - q.k^| / sqrt(d), causal pairs, post-RoPE, true positions
+  double kl = 0;          // softmax KL(p || p~) per query, mean
+  double top10 = 0;       // |top10(p) ∩ top10(p~)| / min(10, keys), mean over queries
+  double nmse_k = 0;      // sum |k - k^|^2 / sum |k|^2
+  double nmse_v = 0;
+  double out_rel_err = 0; // |P V - P~ V^|^2 / |P V|^2, attention output with both K^ and V^
+};
+
+struct CodedReport {
+  std::string name;
+  double k_bpd_nominal = 0, k_bpd_effective = 0, v_bpd_nominal = 0, v_bpd_effective = 0;
+  std::vector<Metrics> layers;
+  Metrics overall;  // mean over layers
+};
+
+struct VerifyReport {
+  CodedReport alloc, baseline;
+  int layer_wins = 0;  // layers where the allocation's logit MAE < the baseline's
+  int n_layers = 0;
+  std::string cuda;    // "not available", or agreement figures
+  std::vector<std::string> failed_gates;
+  nlohmann::json to_json() const;
+};
+
+VerifyReport run_verify(const VerifyOptions& o);
+
+// The per-layer table users read (stdout).
+std::string format_report(const VerifyReport& r);
+
+}  // namespace kvq

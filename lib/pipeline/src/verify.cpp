@@ -1,0 +1,351 @@
+#include "kvq/pipeline/verify.hpp"
+
+#include <Eigen/Dense>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <sstream>
+
+#include "kvq/alloc/common.hpp"
+#include "kvq/codec/attention.hpp"
+#include "kvq/codec/codec.hpp"
+#include "kvq/io/alloc_file.hpp"
+#include "kvq/util/error.hpp"
+#if KVQ_HAVE_CUDA
+#include "kvq/cuda/cuda.hpp"
+#endif
+
+namespace kvq {
+namespace {
+
+using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+struct Accum {  // sums behind one layer's Metrics
+  double mae_sum = 0, pairs = 0, kl_sum = 0, top_sum = 0, queries = 0;
+  double ek = 0, nk = 0, ev = 0, nv = 0, eo = 0, no = 0;
+  Metrics finish() const {
+    Metrics m;
+    m.logit_mae = mae_sum / std::max(1.0, pairs);
+    m.kl = kl_sum / std::max(1.0, queries);
+    m.top10 = top_sum / std::max(1.0, queries);
+    m.nmse_k = nk > 0 ? ek / nk : 0;
+    m.nmse_v = nv > 0 ? ev / nv : 0;
+    m.out_rel_err = no > 0 ? eo / no : 0;
+    return m;
+  }
+};
+
+codec::RopeSpec rope_of(const CalibProvenance& p) {
+  codec::RopeSpec r;
+  r.enabled = true;
+  r.theta = p.rope_theta;
+  r.rotary_dim = p.rotary_dim;
+  r.interleaved = p.pairing == RopePairing::kInterleaved;
+  return r;
+}
+
+// Softmax over the first n entries of row (double), in place into p.
+void softmax(const double* s, int n, std::vector<double>& p) {
+  double mx = *std::max_element(s, s + n), z = 0;
+  for (int j = 0; j < n; ++j) z += (p[size_t(j)] = std::exp(s[j] - mx));
+  for (int j = 0; j < n; ++j) p[size_t(j)] /= z;
+}
+
+double top10_overlap(const std::vector<double>& p, const std::vector<double>& pt, int n, std::vector<int>& ia,
+                     std::vector<int>& ib) {
+  const int k = std::min(10, n);
+  ia.resize(size_t(n));
+  ib.resize(size_t(n));
+  std::iota(ia.begin(), ia.end(), 0);
+  std::iota(ib.begin(), ib.end(), 0);
+  // Ties broken by key index so the overlap is deterministic.
+  auto by = [](const std::vector<double>& v) {
+    return [&v](int a, int b) { return v[size_t(a)] > v[size_t(b)] || (v[size_t(a)] == v[size_t(b)] && a < b); };
+  };
+  std::partial_sort(ia.begin(), ia.begin() + k, ia.end(), by(p));
+  std::partial_sort(ib.begin(), ib.begin() + k, ib.end(), by(pt));
+  int common = 0;
+  for (int x = 0; x < k; ++x)
+    for (int y = 0; y < k; ++y) common += ia[size_t(x)] == ib[size_t(y)];
+  return double(common) / k;
+}
+
+struct Coded {
+  std::vector<float> k_post, v;  // decoded, [T][d]
+};
+
+// Codes and decodes one head's K and V of one window; K comes back post-RoPE.
+Coded code_window(const codec::HeadCodec& kc, const codec::HeadCodec& vc, const float* k_pre_src,
+                  const float* v_src, size_t stride, int T, int d, const codec::RopeSpec& rope,
+                  const int64_t* pos, std::vector<float>& k_post_true, std::vector<float>& v_true) {
+  std::vector<float> k_pre(size_t(T) * size_t(d));
+  v_true.resize(size_t(T) * size_t(d));
+  for (int t = 0; t < T; ++t) {
+    std::copy_n(k_pre_src + size_t(t) * stride, d, k_pre.data() + size_t(t) * size_t(d));
+    std::copy_n(v_src + size_t(t) * stride, d, v_true.data() + size_t(t) * size_t(d));
+  }
+  k_post_true = k_pre;
+  for (int t = 0; t < T; ++t) codec::apply_rope(k_post_true.data() + size_t(t) * size_t(d), d, pos[t], rope);
+  Coded c;
+  c.k_post.resize(k_pre.size());
+  c.v.resize(v_true.size());
+  if (kc.decision().post_rope) {
+    kc.round_trip(k_post_true.data(), T, c.k_post.data());
+  } else {
+    kc.round_trip(k_pre.data(), T, c.k_post.data());
+    for (int t = 0; t < T; ++t) codec::apply_rope(c.k_post.data() + size_t(t) * size_t(d), d, pos[t], rope);
+  }
+  vc.round_trip(v_true.data(), T, c.v.data());
+  return c;
+}
+
+CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads, const std::string& name,
+                     std::string* cuda_note) {
+  const auto sh = c.shape();
+  const int L = sh.n_layers, H = sh.n_kv_heads, NH = sh.n_heads, d = sh.head_dim, gs = sh.group_size();
+  const int M = c.holdout.windows, T = c.prov.seq_len;
+  const auto rope = rope_of(c.prov);
+  const float inv_sqrt_d = 1.0f / std::sqrt(float(d));
+  CodedReport rep;
+  rep.name = name;
+  double cuda_max_diff = 0;
+  int64_t cuda_code_mismatch = 0, cuda_heads = 0;
+  std::vector<double> p(static_cast<size_t>(T)), pt(static_cast<size_t>(T));
+  std::vector<int> ia, ib;
+  for (int l = 0; l < L; ++l) {
+    Accum acc;
+    for (int h = 0; h < H; ++h) {
+      const HeadDecision *kd = nullptr, *vd = nullptr;
+      for (const auto& x : heads)
+        if (x.layer == l && x.kv_head == h) (x.side == Side::kK ? kd : vd) = &x;
+      KVQ_ASSERT(kd && vd);
+      codec::HeadCodec kc(*kd, d), vc(*vd, d);
+      for (int m = 0; m < M; ++m) {
+        const size_t base_kv = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(H) * size_t(d) + size_t(h) * d;
+        std::vector<float> k_true, v_true;
+        Coded cd = code_window(kc, vc, c.holdout.k.data() + base_kv, c.holdout.v.data() + base_kv, size_t(H) * d, T,
+                               d, rope, c.holdout.positions.data(), k_true, v_true);
+#if KVQ_HAVE_CUDA
+        if (cuda_note && kvq_cuda_available() && !kd->post_rope) {
+          // The GPU decoder must reproduce the CPU reference: codes exactly, values within 1e-4.
+          std::vector<float> kpre(size_t(T) * d);
+          for (int t = 0; t < T; ++t)
+            std::copy_n(c.holdout.k.data() + base_kv + size_t(t) * H * d, d, kpre.data() + size_t(t) * d);
+          auto packed = kc.encode(kpre.data(), T);
+          std::vector<float> cpu(kpre.size()), gpu(kpre.size());
+          kc.decode(packed.data(), T, cpu.data());
+          cuda::DeviceHead dev(kc);
+          dev.decode(packed.data(), T, gpu.data());
+          std::vector<uint8_t> cc(size_t(T) * kc.code_dim()), gc(cc.size());
+          kc.unpack_codes(packed.data(), T, cc.data());
+          dev.unpack_codes(packed.data(), T, gc.data());
+          for (size_t i = 0; i < cc.size(); ++i) cuda_code_mismatch += cc[i] != gc[i];
+          for (size_t i = 0; i < cpu.size(); ++i) cuda_max_diff = std::max(cuda_max_diff, double(std::fabs(cpu[i] - gpu[i])));
+          ++cuda_heads;
+        }
+#endif
+        for (size_t i = 0; i < k_true.size(); ++i) {
+          acc.ek += double(k_true[i] - cd.k_post[i]) * double(k_true[i] - cd.k_post[i]);
+          acc.nk += double(k_true[i]) * k_true[i];
+          acc.ev += double(v_true[i] - cd.v[i]) * double(v_true[i] - cd.v[i]);
+          acc.nv += double(v_true[i]) * v_true[i];
+        }
+        Eigen::Map<const RowMat> K(k_true.data(), T, d), Kh(cd.k_post.data(), T, d);
+        Eigen::Map<const RowMat> V(v_true.data(), T, d), Vh(cd.v.data(), T, d);
+        for (int g = h * gs; g < (h + 1) * gs; ++g) {
+          RowMat Q(T, d);
+          const size_t base_q = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(NH) * d + size_t(g) * d;
+          for (int t = 0; t < T; ++t) {
+            std::copy_n(c.holdout.q.data() + base_q + size_t(t) * NH * d, d, Q.data() + size_t(t) * d);
+            codec::apply_rope(Q.data() + size_t(t) * d, d, c.holdout.positions[size_t(t)], rope);
+          }
+          Eigen::MatrixXd S = (Q * K.transpose()).cast<double>() * inv_sqrt_d;
+          Eigen::MatrixXd Sh = (Q * Kh.transpose()).cast<double>() * inv_sqrt_d;
+          Eigen::MatrixXd P = Eigen::MatrixXd::Zero(T, T), Ph = Eigen::MatrixXd::Zero(T, T);
+          for (int i = 0; i < T; ++i) {
+            const int n = i + 1;  // causal keys 0..i
+            Eigen::RowVectorXd s = S.row(i).head(n), sh_ = Sh.row(i).head(n);
+            acc.mae_sum += (s - sh_).cwiseAbs().sum();
+            acc.pairs += n;
+            softmax(s.data(), n, p);
+            softmax(sh_.data(), n, pt);
+            double kl = 0;
+            for (int j = 0; j < n; ++j)
+              if (p[size_t(j)] > 0) kl += p[size_t(j)] * (std::log(p[size_t(j)]) - std::log(std::max(pt[size_t(j)], 1e-300)));
+            acc.kl_sum += kl;
+            acc.top_sum += top10_overlap(p, pt, n, ia, ib);
+            acc.queries += 1;
+            for (int j = 0; j < n; ++j) P(i, j) = p[size_t(j)], Ph(i, j) = pt[size_t(j)];
+          }
+          Eigen::MatrixXd O = P * V.cast<double>(), Oh = Ph * Vh.cast<double>();
+          acc.eo += (O - Oh).squaredNorm();
+          acc.no += O.squaredNorm();
+        }
+      }
+    }
+    rep.layers.push_back(acc.finish());
+  }
+  for (const auto& m : rep.layers) {
+    rep.overall.logit_mae += m.logit_mae / L;
+    rep.overall.kl += m.kl / L;
+    rep.overall.top10 += m.top10 / L;
+    rep.overall.nmse_k += m.nmse_k / L;
+    rep.overall.nmse_v += m.nmse_v / L;
+    rep.overall.out_rel_err += m.out_rel_err / L;
+  }
+  if (cuda_note) {
+    char buf[200];
+    if (cuda_heads == 0)
+      *cuda_note = "not available (no GPU): CPU reference decoder only";
+    else {
+      std::snprintf(buf, sizeof buf, "checked %lld head-windows: %lld code mismatches, max |cpu - gpu| = %.3g",
+                    (long long)cuda_heads, (long long)cuda_code_mismatch, cuda_max_diff);
+      *cuda_note = buf;
+    }
+  }
+  return rep;
+}
+
+double side_bpd(const std::vector<HeadDecision>& heads, Side s, int d) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& h : heads)
+    if (h.side == s) sum += codec::HeadCodec(h, d).effective_bpd(), ++n;
+  return n ? sum / n : 0;
+}
+
+std::vector<HeadDecision> baseline_heads(const std::string& kind, const CalibProvenance& p, double k_bpd,
+                                         double v_bpd, const std::string& alloc_path) {
+  std::vector<HeadDecision> out;
+  for (auto [side, bpd] : {std::make_pair(Side::kK, k_bpd), std::make_pair(Side::kV, v_bpd)}) {
+    if (bpd != std::floor(bpd) || bpd < 1 || bpd > 8)
+      throw Error(alloc_path, side == Side::kK ? "budget.k_bpd_nominal" : "budget.v_bpd_nominal",
+                  "the " + kind + " baseline needs whole bits in 1..8, the allocation has " + std::to_string(bpd) +
+                      " (pass --baseline-k-bpd / --baseline-v-bpd)");
+    for (int l = 0; l < p.n_layers; ++l)
+      for (int h = 0; h < p.n_kv_heads; ++h) {
+        HeadDecision d;
+        d.layer = l;
+        d.kv_head = h;
+        d.side = side;
+        if (kind == "kivi") {
+          d.kind = CodingKind::kKivi;
+          d.bits = int(bpd);
+          d.group_size = 32;
+        } else {
+          d.kind = CodingKind::kTqGroups;
+          TqGroup g;
+          g.bits = int(bpd);
+          g.dims.resize(size_t(p.head_dim));
+          std::iota(g.dims.begin(), g.dims.end(), 0);
+          g.rotation_seed = alloc::derive_seed(42, l, h, side, uint64_t(g.bits));
+          d.groups.push_back(g);
+        }
+        out.push_back(d);
+      }
+  }
+  return out;
+}
+
+nlohmann::json metrics_json(const Metrics& m) {
+  return {{"logit_mae", m.logit_mae}, {"kl", m.kl},         {"top10", m.top10},
+          {"nmse_k", m.nmse_k},       {"nmse_v", m.nmse_v}, {"out_rel_err", m.out_rel_err}};
+}
+
+nlohmann::json coded_json(const CodedReport& r) {
+  nlohmann::json layers = nlohmann::json::array();
+  for (const auto& m : r.layers) layers.push_back(metrics_json(m));
+  return {{"name", r.name},
+          {"k_bpd_nominal", r.k_bpd_nominal},
+          {"k_bpd_effective", r.k_bpd_effective},
+          {"v_bpd_nominal", r.v_bpd_nominal},
+          {"v_bpd_effective", r.v_bpd_effective},
+          {"overall", metrics_json(r.overall)},
+          {"layers", layers}};
+}
+
+}  // namespace
+
+nlohmann::json VerifyReport::to_json() const {
+  return {{"allocation", coded_json(alloc)}, {"baseline", coded_json(baseline)}, {"layer_wins", layer_wins},
+          {"n_layers", n_layers},           {"cuda", cuda},                     {"failed_gates", failed_gates},
+          {"passed", failed_gates.empty()}};
+}
+
+VerifyReport run_verify(const VerifyOptions& o) {
+  if (o.baseline != "uniform" && o.baseline != "kivi")
+    throw Error("", "--baseline", "unknown baseline '" + o.baseline + "' (uniform or kivi)");
+  CalibFile c = read_calib(o.calib, true);
+  AllocFile a = read_alloc(o.alloc);
+  check_alloc_matches(a, o.alloc, c, o.calib);
+  if (c.holdout.windows < 1)
+    throw Error(o.calib, "/holdout@windows", "0: no held-out windows to verify on (calib-capture --holdout N)");
+  const int d = c.prov.head_dim;
+  VerifyReport r;
+  r.n_layers = c.prov.n_layers;
+  r.alloc = evaluate(c, a.heads, a.method + (a.v_method != a.method ? "/" + a.v_method : ""), o.cuda ? &r.cuda : nullptr);
+  r.alloc.k_bpd_nominal = a.k_bpd_nominal;
+  r.alloc.v_bpd_nominal = a.v_bpd_nominal;
+  r.alloc.k_bpd_effective = side_bpd(a.heads, Side::kK, d);
+  r.alloc.v_bpd_effective = side_bpd(a.heads, Side::kV, d);
+  const double kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
+  const double vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
+  auto base = baseline_heads(o.baseline, c.prov, kb, vb, o.alloc);
+  r.baseline = evaluate(c, base, o.baseline, nullptr);
+  r.baseline.k_bpd_nominal = kb;
+  r.baseline.v_bpd_nominal = vb;
+  r.baseline.k_bpd_effective = side_bpd(base, Side::kK, d);
+  r.baseline.v_bpd_effective = side_bpd(base, Side::kV, d);
+  for (int l = 0; l < r.n_layers; ++l)
+    r.layer_wins += r.alloc.layers[size_t(l)].logit_mae < r.baseline.layers[size_t(l)].logit_mae;
+
+  auto gate = [&](bool fail, const std::string& flag, double value, double limit) {
+    if (!fail) return;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s %.6g (measured %.6g)", flag.c_str(), limit, value);
+    r.failed_gates.push_back(buf);
+  };
+  const auto& ov = r.alloc.overall;
+  gate(o.max_logit_mae >= 0 && ov.logit_mae > o.max_logit_mae, "--max-logit-mae", ov.logit_mae, o.max_logit_mae);
+  gate(o.max_kl >= 0 && ov.kl > o.max_kl, "--max-kl", ov.kl, o.max_kl);
+  gate(o.min_top10 >= 0 && ov.top10 < o.min_top10, "--min-top10", ov.top10, o.min_top10);
+  gate(o.max_nmse_k >= 0 && ov.nmse_k > o.max_nmse_k, "--max-nmse-k", ov.nmse_k, o.max_nmse_k);
+  gate(o.max_nmse_v >= 0 && ov.nmse_v > o.max_nmse_v, "--max-nmse-v", ov.nmse_v, o.max_nmse_v);
+  gate(o.min_layer_wins >= 0 && r.layer_wins < o.min_layer_wins, "--min-layer-wins", r.layer_wins, o.min_layer_wins);
+  return r;
+}
+
+std::string format_report(const VerifyReport& r) {
+  std::ostringstream s;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "%-22s K bpd nominal %.3g effective %.4g | V bpd nominal %.3g effective %.4g\n",
+                r.alloc.name.c_str(), r.alloc.k_bpd_nominal, r.alloc.k_bpd_effective, r.alloc.v_bpd_nominal,
+                r.alloc.v_bpd_effective);
+  s << buf;
+  std::snprintf(buf, sizeof buf, "%-22s K bpd nominal %.3g effective %.4g | V bpd nominal %.3g effective %.4g\n",
+                ("baseline " + r.baseline.name).c_str(), r.baseline.k_bpd_nominal, r.baseline.k_bpd_effective,
+                r.baseline.v_bpd_nominal, r.baseline.v_bpd_effective);
+  s << buf;
+  s << "layer  logit-MAE(alloc / base)   KL(alloc / base)        top10(alloc / base)  NMSE-K(alloc / base)  "
+       "NMSE-V(alloc / base)  win\n";
+  auto row = [&](const std::string& label, const Metrics& a, const Metrics& b, const char* win) {
+    std::snprintf(buf, sizeof buf, "%-6s %.5f / %.5f   %.3e / %.3e   %.3f / %.3f        %.4f / %.4f       %.4f / %.4f       %s\n",
+                  label.c_str(), a.logit_mae, b.logit_mae, a.kl, b.kl, a.top10, b.top10, a.nmse_k, b.nmse_k, a.nmse_v,
+                  b.nmse_v, win);
+    s << buf;
+  };
+  for (int l = 0; l < r.n_layers; ++l) {
+    const auto& a = r.alloc.layers[size_t(l)];
+    const auto& b = r.baseline.layers[size_t(l)];
+    row(std::to_string(l), a, b, a.logit_mae < b.logit_mae ? "yes" : "no");
+  }
+  row("all", r.alloc.overall, r.baseline.overall, "");
+  std::snprintf(buf, sizeof buf, "layer wins (logit MAE): %d/%d\nCUDA decoder: %s\n", r.layer_wins, r.n_layers,
+                r.cuda.c_str());
+  s << buf;
+  return s.str();
+}
+
+}  // namespace kvq
