@@ -99,3 +99,58 @@ void DeviceHead::unpack_codes(const uint8_t* packed, int n_tokens, uint8_t* code
 }
 
 }  // namespace kvq::cuda
+
+// Device-resident decode timing and the device peak bandwidth (bench/cuda, scripts/gpu-check).
+namespace kvq::cuda {
+
+DecodeTiming time_decode(const DeviceHead& head, const uint8_t* packed, int n_tokens, int reps) {
+  detail::require_device();
+  KVQ_ASSERT(n_tokens > 0 && reps > 0);
+  const auto& impl = head.impl();
+  const codec::HeadCodec& c = impl.codec;
+  const size_t in_bytes = c.packed_bytes(n_tokens);
+  const size_t out_bytes = sizeof(float) * size_t(n_tokens) * size_t(c.head_dim());
+  detail::DeviceBuffer d_in(in_bytes), d_out(out_bytes);
+  d_in.upload(packed, in_bytes);
+  const int blocks = (n_tokens + detail::kDecodeTile - 1) / detail::kDecodeTile;
+  const size_t smem = sizeof(float) * detail::kDecodeTile * c.code_dim();
+  auto launch = [&] {
+    detail::decode_kernel<<<blocks, detail::kThreads, smem>>>(impl.d_view.as<detail::DevHead>(),
+                                                              d_in.as<uint8_t>(), n_tokens, d_out.as<float>());
+  };
+  launch();  // warm-up (module load, caches)
+  KVQ_CUDA_CHECK(cudaDeviceSynchronize());
+  cudaEvent_t a, b;
+  KVQ_CUDA_CHECK(cudaEventCreate(&a));
+  KVQ_CUDA_CHECK(cudaEventCreate(&b));
+  KVQ_CUDA_CHECK(cudaEventRecord(a));
+  for (int i = 0; i < reps; ++i) launch();
+  KVQ_CUDA_CHECK(cudaEventRecord(b));
+  KVQ_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  KVQ_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+  DecodeTiming t;
+  t.ms_per_launch = double(ms) / reps;
+  t.bytes_per_launch = double(in_bytes + out_bytes);
+  return t;
+}
+
+double device_peak_bandwidth_gbps() {
+  detail::require_device();
+  int khz = 0, bus_bits = 0;
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, 0));
+  KVQ_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, 0));
+  return 2.0 * double(khz) * 1e3 * double(bus_bits) / 8.0 / 1e9;
+}
+
+std::string device_name() {
+  detail::require_device();
+  cudaDeviceProp p{};
+  KVQ_CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+  return p.name;
+}
+
+}  // namespace kvq::cuda

@@ -5,6 +5,7 @@
 // Every function throws kvq::Error when no device is usable or a CUDA call fails.
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kvq/codec/attention.hpp"
@@ -51,5 +52,19 @@ void decode_attention(const codec::AttentionProblem& p, const std::vector<const 
                       const std::vector<const DeviceHead*>& v_dev, float* out);
 // Convenience: builds the DeviceHeads from p's codecs first.
 void decode_attention(const codec::AttentionProblem& p, float* out);
+
+// Bandwidth measurement (scripts/gpu-check, bench/cuda): packed codes resident on the device,
+// the decode kernel launched `reps` times between CUDA events. bytes = packed bytes read + fp32
+// bytes written per launch.
+struct DecodeTiming {
+  double ms_per_launch = 0;
+  double bytes_per_launch = 0;
+  double gbytes_per_s() const { return bytes_per_launch / (ms_per_launch * 1e6); }
+};
+DecodeTiming time_decode(const DeviceHead& head, const uint8_t* packed, int n_tokens, int reps);
+
+// Peak DRAM bandwidth of device 0 from its attributes (memory clock x bus width x 2, DDR), GB/s.
+double device_peak_bandwidth_gbps();
+std::string device_name();
 
 }  // namespace kvq::cuda
