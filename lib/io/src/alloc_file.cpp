@@ -146,13 +146,14 @@ AllocFile read_alloc(const std::string& path) {
     field = "v_method"; a.v_method = m.at("v_method").get<std::string>();
     field = "params"; a.params = m.at("params");
     field = "summary"; a.summary = m.value("summary", json::object());
+    field = "budget";
     const auto& b = m.at("budget");
-    field = "budget"; a.k_bpd_nominal = b.at("k_bpd_nominal").get<double>();
+    a.k_bpd_nominal = b.at("k_bpd_nominal").get<double>();
     a.v_bpd_nominal = b.at("v_bpd_nominal").get<double>();
     a.k_bpd_effective = b.at("k_bpd_effective").get<double>();
     a.v_bpd_effective = b.at("v_bpd_effective").get<double>();
-    const auto& c = m.at("calibration");
     field = "calibration";
+    const auto& c = m.at("calibration");
     a.calib_path = c.at("path").get<std::string>();
     a.calib_sha256 = c.at("sha256").get<std::string>();
     a.calib_digest = c.at("content_digest").get<std::string>();
@@ -171,7 +172,7 @@ AllocFile read_alloc(const std::string& path) {
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
-    throw Error(path, "manifest." + field, std::string("missing or wrong type (") + e.what() + ")");
+    throw Error(path, "manifest." + field, "missing or wrong type");
   }
   const int d = a.calib.head_dim, L = a.calib.n_layers, H = a.calib.n_kv_heads;
   if (d < 2 || d > 4096 || L < 1 || L > 4096 || H < 1 || H > 4096)
@@ -229,7 +230,7 @@ AllocFile read_alloc(const std::string& path) {
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
-      throw Error(path, where, std::string("missing or wrong type (") + e.what() + ")");
+      throw Error(path, where, "a field is missing or has the wrong type");
     }
     a.heads.push_back(std::move(h));
   }

@@ -1,0 +1,137 @@
+// A table of corrupt allocation files: each is refused with one line naming the file and field.
+#include <gtest/gtest.h>
+
+#include <H5Cpp.h>
+
+#include <filesystem>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "kvq/io/alloc_file.hpp"
+#include "kvq/io/h5.hpp"
+#include "kvq/util/error.hpp"
+#include "run_cmd.hpp"
+
+using namespace kvq;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+const std::string kGood = std::string(KVQ_SOURCE_DIR) + "/data/golden/cobra-dp-v1.kvqalloc.h5";
+
+void rewrite_manifest(const std::string& p, const std::function<void(json&)>& edit) {
+  h5::quiet();
+  H5::H5File f(p, H5F_ACC_RDWR);
+  H5::Group g = f.openGroup("/");
+  json m = json::parse(h5::read_attr_str(p, g, "manifest"));
+  edit(m);
+  g.removeAttr("manifest");
+  h5::write_attr(g, "manifest", m.dump());
+}
+
+void set_root_attr(const std::string& p, const std::string& name, const std::string& v) {
+  h5::quiet();
+  H5::H5File f(p, H5F_ACC_RDWR);
+  H5::Group g = f.openGroup("/");
+  g.removeAttr(name);
+  h5::write_attr(g, name, v);
+}
+
+int first_lowrank(const json& m) {
+  for (size_t i = 0; i < m["heads"].size(); ++i)
+    if (m["heads"][i]["kind"] == "lowrank-hadamard") return int(i);
+  return -1;
+}
+
+}  // namespace
+
+TEST(AllocFileBad, Table) {
+  struct Case {
+    std::string name, expect;
+    std::function<void(const std::string&)> make;
+  };
+  const auto size = fs::file_size(kGood);
+  std::vector<Case> cases = {
+      {"not_hdf5", "not an HDF5 file", [](const std::string& p) { test::write_text(p, "{}"); }},
+      {"calibration_file", "expected 'kvq-allocation', found 'kvq-calibration'",
+       [](const std::string& p) {
+         fs::copy_file(std::string(KVQ_SOURCE_DIR) + "/data/golden/calib-v1.kvqcal.h5", p);
+       }},
+      {"future_version", "found 7 (written by a newer kvq)",
+       [](const std::string& p) {
+         fs::copy_file(kGood, p);
+         H5::H5File f(p, H5F_ACC_RDWR);
+         H5::Group g = f.openGroup("/");
+         g.removeAttr("version");
+         h5::write_attr(g, "version", int64_t(7));
+       }},
+      {"manifest_not_json", "/@manifest: not valid JSON",
+       [](const std::string& p) { fs::copy_file(kGood, p); set_root_attr(p, "manifest", "{\"heads\": ["); }},
+      {"missing_budget", "manifest.budget",
+       [](const std::string& p) { fs::copy_file(kGood, p); rewrite_manifest(p, [](json& m) { m.erase("budget"); }); }},
+      {"wrong_type", "manifest.method",
+       [](const std::string& p) { fs::copy_file(kGood, p); rewrite_manifest(p, [](json& m) { m["method"] = 3; }); }},
+      {"head_missing", "expected 16 decisions",
+       [](const std::string& p) {
+         fs::copy_file(kGood, p);
+         rewrite_manifest(p, [](json& m) { m["heads"].erase(0); });
+       }},
+      {"rank_too_big", ".rank: out of 0..64: 1000",
+       [](const std::string& p) {
+         fs::copy_file(kGood, p);
+         rewrite_manifest(p, [](json& m) { m["heads"][first_lowrank(m)]["rank"] = 1000; });
+       }},
+      {"basis_shape", "but the header implies",
+       [](const std::string& p) {
+         fs::copy_file(kGood, p);
+         rewrite_manifest(p, [](json& m) {
+           auto& h = m["heads"][first_lowrank(m)];
+           h["rank"] = int(h["rank"]) - 2;
+         });
+       }},
+      {"bad_side", "must be K or V",
+       [](const std::string& p) { fs::copy_file(kGood, p); rewrite_manifest(p, [](json& m) { m["heads"][0]["side"] = "Q"; }); }},
+      {"huge_head_dim", "implausible shape",
+       [](const std::string& p) {
+         fs::copy_file(kGood, p);
+         rewrite_manifest(p, [](json& m) { m["calibration"]["head_dim"] = 1 << 28; });
+       }},
+      {"nan_basis", "non-finite",
+       [](const std::string& p) {
+         fs::copy_file(kGood, p);
+         H5::H5File f(p, H5F_ACC_RDONLY);
+         json m = json::parse(h5::read_attr_str(p, f.openGroup("/"), "manifest"));
+         std::string name = m["heads"][first_lowrank(m)]["basis"];
+         f.close();
+         H5::H5File w(p, H5F_ACC_RDWR);
+         auto ds = w.openDataSet("/tensors/" + name);
+         hsize_t dims[2];
+         ds.getSpace().getSimpleExtentDims(dims);
+         std::vector<float> v(dims[0] * dims[1]);
+         ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+         v[3] = std::nanf("");
+         ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+       }},
+  };
+  for (double frac : {0.05, 0.5, 0.95})
+    cases.push_back({"truncated_" + std::to_string(int(frac * 100)), "", [frac, size](const std::string& p) {
+                       fs::copy_file(kGood, p);
+                       fs::resize_file(p, uintmax_t(double(size) * frac));
+                     }});
+  for (const auto& c : cases) {
+    auto p = test::temp_path("bad_" + c.name + ".kvqalloc.h5");
+    fs::remove(p);
+    c.make(p);
+    std::string err;
+    try {
+      read_alloc(p);
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    EXPECT_FALSE(err.empty()) << c.name << ": accepted";
+    EXPECT_NE(err.find(p), std::string::npos) << c.name << ": " << err;
+    EXPECT_NE(err.find(c.expect), std::string::npos) << c.name << ": " << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << c.name;
+  }
+}

@@ -1,0 +1,72 @@
+// Golden files of today's format versions (data/golden/, made by scripts/make-golden) must stay
+// readable by every later kvq; their content is checked against facts known independently.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "kvq/io/alloc_file.hpp"
+#include "kvq/io/calib_file.hpp"
+#include "kvq/util/sha256.hpp"
+
+using namespace kvq;
+
+namespace {
+std::string golden(const std::string& f) { return std::string(KVQ_SOURCE_DIR) + "/data/golden/" + f; }
+}  // namespace
+
+TEST(Golden, FilesAreUnchanged) {
+  std::ifstream sums(golden("SHA256SUMS"));
+  std::string sha, name;
+  int n = 0;
+  while (sums >> sha >> name) {
+    EXPECT_EQ(sha256_file(golden(name)), sha) << name << " was modified: golden files are never rewritten";
+    ++n;
+  }
+  EXPECT_EQ(n, 3);
+}
+
+TEST(Golden, CalibrationV1) {
+  CalibFile c = read_calib(golden("calib-v1.kvqcal.h5"));
+  // sha256 of data/kvq-demo-llama/config.json, as its README lists it.
+  EXPECT_EQ(c.prov.model_config_sha256, "eff52c13762503e9e654721d548750393ebc81652c4555b5ae85b0e846ebdcfa");
+  EXPECT_EQ(c.prov.pairing, RopePairing::kSplitHalf);
+  EXPECT_EQ(c.prov.head_dim, 64);
+  EXPECT_EQ(c.prov.n_layers, 4);
+  EXPECT_EQ(c.prov.n_kv_heads, 2);
+  EXPECT_EQ(c.prov.gqa_map, (std::vector<int>{0, 0, 1, 1}));
+  // scripts/make-golden: 4 windows of 32 tokens, 1 held out, 8 reservoir rows.
+  for (int l = 0; l < 4; ++l)
+    for (int h = 0; h < 2; ++h) {
+      EXPECT_EQ(c.moments.k.count_of(c.shape(), l, h), 4 * 32);
+      EXPECT_EQ(c.moments.q.count_of(c.shape(), l, h), 2 * 4 * 32);
+    }
+  EXPECT_EQ(c.holdout.windows, 1);
+  EXPECT_EQ(c.holdout.ids[0], 1) << "windows start with BOS";
+  EXPECT_EQ(c.reservoir.size(), 8);
+  EXPECT_TRUE(c.complete());
+}
+
+TEST(Golden, AllocationsV1) {
+  CalibFile c = read_calib(golden("calib-v1.kvqcal.h5"), false);
+  AllocFile bg = read_alloc(golden("block-gtq-v1.kvqalloc.h5"));
+  check_alloc_matches(bg, "block-gtq-v1", c, "calib-v1");
+  EXPECT_EQ(bg.method, "block-gtq");
+  for (const auto& h : bg.heads) {
+    if (h.side != Side::kK) continue;
+    int sum = 0, dims = 0;
+    for (int b : h.block_bits) sum += b;
+    for (const auto& g : h.groups) dims += int(g.dims.size());
+    EXPECT_EQ(sum, 32 * 3) << "floor(n_b * 3) block-bits";
+    EXPECT_EQ(dims, 64);
+  }
+  AllocFile dp = read_alloc(golden("cobra-dp-v1.kvqalloc.h5"));
+  long used = 0;
+  for (const auto& h : dp.heads)
+    if (h.side == Side::kK) {
+      used += h.budget_bits;
+      EXPECT_LE(h.rank * h.bits, h.budget_bits);
+      EXPECT_EQ(h.basis.size(), size_t(64 * h.rank));
+    }
+  EXPECT_EQ(used, 4 * 2 * 64 * 2) << "exact C2 spends the budget exactly";
+}
