@@ -9,7 +9,7 @@ KVQ_SHARED=${KVQ_SHARED:-$(cd "$KVQ_ROOT/.." && pwd)/shared}
 # (16x slower); bible-kjv is the default calibration corpus (the demo model was trained on it).
 KVQ_PACKAGES=(cmake ninja-build ccache g++ pkg-config libtorch-dev libopenblas0-pthread
   libeigen3-dev libhdf5-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libsentencepiece-dev
-  libgtest-dev libgmock-dev libbenchmark-dev python3-jsonschema bible-kjv)
+  libgtest-dev libgmock-dev libbenchmark-dev python3-jsonschema bible-kjv libcairo2-dev)
 
 kvq_log() { printf '\033[1m[kvq]\033[0m %s\n' "$*" >&2; }
 
