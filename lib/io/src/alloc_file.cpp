@@ -123,7 +123,12 @@ void write_alloc(const std::string& path, const AllocFile& a) {
 
 AllocFile read_alloc(const std::string& path) {
   auto f = h5::open_read(path);
-  H5::Group root = f.openGroup("/");
+  H5::Group root;
+  try {
+    root = f.openGroup("/");
+  } catch (const H5::Exception&) {
+    throw Error(path, "/", "unreadable root group (truncated or corrupt file)");
+  }
   if (!h5::has_attr(root, "format")) throw Error(path, "/@format", "missing: not a kvq allocation file");
   std::string fmt = h5::read_attr_str(path, root, "format");
   if (fmt != kAllocFormat)

@@ -80,10 +80,18 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
   get("n_heads", p.n_heads);
   get("n_kv_heads", p.n_kv_heads);
   get("gqa_map", p.gqa_map);
-  if (j.contains("corpus"))
-    for (const auto& f : j["corpus"])
-      p.corpus.push_back({f.value("path", ""), f.value("sha256", ""), f.value("bytes", int64_t(0)),
-                          f.value("replaced_bytes", int64_t(0))});
+  if (j.contains("corpus")) {
+    const json& files = j["corpus"];
+    if (!files.is_array()) throw Error(file, "provenance.corpus", "not an array: " + files.dump());
+    for (const auto& f : files) {
+      try {  // value() throws nlohmann's type_error on a non-object entry or a mistyped field
+        p.corpus.push_back({f.value("path", ""), f.value("sha256", ""), f.value("bytes", int64_t(0)),
+                            f.value("replaced_bytes", int64_t(0))});
+      } catch (const std::exception&) {
+        throw Error(file, "provenance.corpus", "bad entry: " + f.dump());
+      }
+    }
+  }
   get("tokenizer_path", p.tokenizer_path);
   get("tokenizer_sha256", p.tokenizer_sha256);
   get("seed", p.seed);
@@ -183,7 +191,12 @@ static SideMoments read_side(const std::string& file, const H5::Group& g, const 
 
 CalibFile read_calib(const std::string& path, bool samples) {
   auto f = h5::open_read(path);
-  H5::Group root = f.openGroup("/");
+  H5::Group root;
+  try {
+    root = f.openGroup("/");
+  } catch (const H5::Exception&) {
+    throw Error(path, "/", "unreadable root group (truncated or corrupt file)");
+  }
   if (!h5::has_attr(root, "format"))
     throw Error(path, "/@format", "missing: not a kvq calibration file");
   std::string fmt = h5::read_attr_str(path, root, "format");

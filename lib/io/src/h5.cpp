@@ -70,7 +70,15 @@ void write_attr(H5::H5Object& o, const std::string& name, double v) {
   a.write(H5::PredType::NATIVE_DOUBLE, &v);
 }
 
-bool has_attr(const H5::H5Object& o, const std::string& name) { return o.attrExists(name); }
+bool has_attr(const H5::H5Object& o, const std::string& name) {
+  try {
+    return o.attrExists(name);
+  } catch (const H5::Exception&) {  // corrupt attribute storage: HDF5 throws rather than answer
+    std::string file;
+    try { file = o.getFileName(); } catch (const H5::Exception&) {}
+    throw Error(file, path_of(o) + "@" + name, "unreadable attribute (truncated or corrupt file)");
+  }
+}
 
 static H5::Attribute open_attr(const std::string& file, const H5::H5Object& o, const std::string& name) {
   if (!o.attrExists(name)) throw Error(file, path_of(o) + "@" + name, "attribute missing");
@@ -193,6 +201,15 @@ static std::vector<T> read_impl(const std::string& file, const H5::Group& g, con
   try {
     auto ds = g.openDataSet(name);
     if (ds.getTypeClass() != cls) throw Error(file, where, "wrong element type");
+    // HDF5 sizes its own conversion and chunk buffers from the file's datatype and layout, before
+    // any data is read: a corrupt element size or chunk shape makes it allocate gigabytes. kvq
+    // writes plain numbers, contiguous (or compact), so anything else is rejected up front.
+    const size_t esize = ds.getDataType().getSize();
+    if (esize == 0 || esize > 8)
+      throw Error(file, where, "element size " + std::to_string(esize) + " bytes is not a plain number");
+    const H5D_layout_t layout = ds.getCreatePlist().getLayout();
+    if (layout != H5D_CONTIGUOUS && layout != H5D_COMPACT)
+      throw Error(file, where, "storage layout is not contiguous (not written by kvq, or corrupt)");
     // Storage smaller than the shape needs means the file lies about its size (truncation/corruption).
     std::vector<T> out(n);
     if (n > 0) ds.read(out.data(), mem_type);

@@ -138,7 +138,9 @@ class Llama2cTokenizer : public Tokenizer {
       scores_.push_back(score);
       pos += size_t(len);
     }
-    if (pieces_.size() < 3) return false;
+    // <unk>, BOS, EOS, then the 256 byte-fallback pieces: encode maps an unknown byte b to id b + 3,
+    // so a smaller vocabulary would hand out ids past its end.
+    if (pieces_.size() < 3 + 256) return false;
     for (int i = 0; i < int(pieces_.size()); ++i) lookup_.emplace(pieces_[i], i);  // first id wins
     return true;
   }
