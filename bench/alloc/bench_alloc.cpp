@@ -1,8 +1,12 @@
 // Allocator speed on synthetic power-law statistics at Llama-3-8B (32 x 8 KV heads, d = 128) and
 // Llama-3-70B (80 x 8, d = 128) shapes. Goals: Block-GTQ at 3 b/dim <= 2 ms (70B); COBRA damped
-// C1+C2 at 1 bpd <= 1 ms (8B); COBRA exact within 2x of damped.
+// C1+C2 at 1 bpd <= 1 ms (8B); COBRA exact within 2x of damped (BM_CobraExactOverDamped measures
+// the ratio directly; BM_CobraDamped / BM_CobraExact are the same calls timed separately). Both
+// C2 benchmarks start from the same spectra and include everything: prefix sums, C1 (every
+// damped round, and the exact solver's final C1 per head).
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cmath>
 #include <random>
 
@@ -63,6 +67,17 @@ void BM_BlockGtqGreedyOnly(benchmark::State& st) {
 }
 BENCHMARK(BM_BlockGtqGreedyOnly)->Arg(70)->Unit(benchmark::kMicrosecond);
 
+// Group building alone (groups_from_block_bits on every head's greedy widths).
+void BM_BlockGtqGroups(benchmark::State& st) {
+  auto e = energies(layers_of(st.range(0)) * 8, 1);
+  std::vector<std::vector<int>> bits;
+  for (const auto& h : e) bits.push_back(block_gtq_greedy(h, 3.0).bits);
+  for (auto _ : st)
+    for (const auto& b : bits)
+      benchmark::DoNotOptimize(groups_from_block_bits(b, kvq::RopePairing::kSplitHalf, kD, kD));
+}
+BENCHMARK(BM_BlockGtqGroups)->Arg(70)->Unit(benchmark::kMicrosecond);
+
 void BM_BlockGtqTable(benchmark::State& st) {
   auto e = energies(layers_of(st.range(0)) * 8, 1);
   GreedyOptions opt;
@@ -115,6 +130,38 @@ BENCHMARK(BM_CobraExact)
       // Worst case for the gap-closing DP: every head identical, ties everywhere.
       b->Args({8, 2, 1});
       b->Args({8, 3, 1});
+    })
+    ->Unit(benchmark::kMicrosecond);
+
+// Exact vs damped on the same inputs, alternating call by call, so that load on the machine hits
+// both alike: counters damped_us / exact_us (mean per call) and exact_over_damped. The reported
+// time is one damped + one exact call.
+void BM_CobraExactOverDamped(benchmark::State& st) {
+  const int n = layers_of(st.range(0)) * 8;
+  auto s = spectra(n, 2);
+  const int64_t total = cobra_total_budget(n, kD, st.range(1) / 2.0);
+  using clock = std::chrono::steady_clock;
+  double td = 0, te = 0;
+  for (auto _ : st) {
+    auto a = clock::now();
+    C2Result d = cobra_c2_damped(s, total, CobraModel{});
+    auto b = clock::now();
+    C2Result e = cobra_c2_exact(s, total, CobraModel{});
+    auto c = clock::now();
+    benchmark::DoNotOptimize(d);
+    benchmark::DoNotOptimize(e);
+    td += std::chrono::duration<double, std::micro>(b - a).count();
+    te += std::chrono::duration<double, std::micro>(c - b).count();
+  }
+  const double it = static_cast<double>(st.iterations());
+  st.counters["damped_us"] = td / it;
+  st.counters["exact_us"] = te / it;
+  st.counters["exact_over_damped"] = te / td;
+}
+BENCHMARK(BM_CobraExactOverDamped)
+    ->Apply([](benchmark::internal::Benchmark* b) {
+      for (int model : {8, 70})
+        for (int bpd2 : {1, 2, 4, 8}) b->Args({model, bpd2});
     })
     ->Unit(benchmark::kMicrosecond);
 

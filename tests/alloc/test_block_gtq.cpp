@@ -120,6 +120,44 @@ TEST(BlockGtqGreedy, MatchesLiteralGreedyAtHeadScaleAndExtremeRanges) {
   }
 }
 
+TEST(BlockGtqGreedy, MatchesLiteralGreedyWhenGainsCrowdOneLevel) {
+  // The last level taken is settled by bins on the top bits of the mantissa, then an exact rank
+  // inside the cut bin. Crowd it: many energies 4^k (1 + j 2^-40) (same bin, near-ties, exact
+  // ties), values at the bin and binade edges (mantissa 0.5, 1 - ulp, 1, 2 - ulp), zeros, and
+  // subnormals, at every budget.
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int n = 64;
+    std::vector<double> s(n);
+    for (int i = 0; i < n; ++i) {
+      const int k = static_cast<int>(rng() % 3) - 1;
+      switch (trial % 3) {
+        case 0: s[i] = std::ldexp(1.0 + static_cast<double>(rng() % 4) * 0x1p-40, 2 * k); break;
+        case 1: {
+          static const double edge[] = {0.5, 1.0 - 0x1p-53, 1.0, 2.0 - 0x1p-52, 0.75, 0.0};
+          s[i] = std::ldexp(edge[rng() % 6], 2 * k + static_cast<int>(rng() % 2));
+          break;
+        }
+        default:
+          s[i] = (rng() % 4 == 0) ? 0.0 : 4.9e-324 * static_cast<double>(1 + rng() % 8);
+          break;
+      }
+    }
+    GreedyOptions opt;
+    opt.b_min = 1 + trial % 2;
+    opt.b_max = 8;
+    // The literal loop multiplies s by 4^-b in doubles: for subnormal s that would round, so it
+    // runs on s 2^600 (exact, and the same order).
+    std::vector<double> scaled(s);
+    for (double& x : scaled) x = std::ldexp(x, 600);
+    for (int64_t B = int64_t{n} * opt.b_min; B <= int64_t{n} * opt.b_max; B += 5) {
+      GreedyResult r = block_gtq_greedy(s, static_cast<double>(B) / n, opt);
+      ASSERT_EQ(r.bits, literal_greedy(scaled, B, opt.b_min, opt.b_max))
+          << "trial " << trial << " B " << B;
+    }
+  }
+}
+
 TEST(BlockGtqGreedy, TiesGoToTheLowerIndex) {
   // Equal energies: the single extra bit goes to block 0.
   EXPECT_EQ(block_gtq_greedy({1, 1, 1}, 4.0 / 3).bits, (std::vector<int>{2, 1, 1}));

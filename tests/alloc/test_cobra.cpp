@@ -272,6 +272,9 @@ TEST(CobraC2Exact, MatchesBruteForce) {
       EXPECT_LE(int64_t{r.choice[h].rank} * r.choice[h].bits, r.budgets[h]);
       EXPECT_NEAR(r.choice[h].distortion, direct_c1(spectra[h], r.budgets[h], m).distortion,
                   1e-12 * std::max(1.0, r.choice[h].distortion));
+      const RankBits c1 = cobra_c1(spectra[h], r.budgets[h], m);
+      EXPECT_EQ(r.choice[h].rank, c1.rank);
+      EXPECT_EQ(r.choice[h].bits, c1.bits);
     }
     EXPECT_LE(r.exact.lower_bound, r.objective + 1e-9 * std::max(1.0, r.objective));
     ++checked;
@@ -314,6 +317,71 @@ TEST(CobraC2Exact, MatchesPlainDpAtMediumScale) {
     ASSERT_NEAR(r.objective, truth, 1e-11 * std::max(1.0, truth)) << "trial " << trial;
     EXPECT_EQ(r.total_assigned, total);
   }
+}
+
+// The model path builds each head's staircase and hull directly from the (r, b) grid, skipping
+// dominated options and pushing runs of convex chain-0 points in bulk. Independent check: the
+// generic path, make_curve() over every grid option (plus rank 0), at full head size, with steep
+// spectra (options of wider b interleave with chain 0), plateaus and zeros (no bulk runs), models
+// where the dominance skip is off (q(b_min) > 1/4), odd rank steps and head caps.
+TEST(CobraC2Exact, ModelStaircasesMatchGenericCurvesOverAllOptions) {
+  std::mt19937_64 rng(15);
+  std::uniform_real_distribution<double> u(0, 1);
+  int checked = 0, with_dp = 0;
+  for (int trial = 0; trial < 36; ++trial) {
+    const int d = std::vector<int>{32, 64, 128}[trial % 3];
+    const int n = 16 + static_cast<int>(rng() % 24);
+    CobraModel m;
+    if (trial % 4 == 1) m.c = 2.0, m.b_min = 1;  // q(b_min) = 1/2: no dominance skip
+    if (trial % 4 == 2) m.r_min = 1, m.r_step = 3, m.b_max = 6;
+    if (trial % 4 == 3) m.b_min = 1;
+    std::vector<std::vector<double>> spectra;
+    for (int h = 0; h < n; ++h) {
+      if (h > 0 && rng() % 6 == 0) {
+        spectra.push_back(spectra[rng() % h]);  // identical heads
+        continue;
+      }
+      if (rng() % 4 == 0) {
+        spectra.push_back(random_spectrum(rng, d));
+      } else {
+        spectra.push_back(power_law(d, std::exp(4 * u(rng) - 2), 0.3 + 2.7 * u(rng)));
+      }
+    }
+    const int64_t head_max = trial % 5 == 4 ? int64_t{d} * m.b_max / 2 : 0;
+    for (double bpd : {0.5, 1.0, 2.0, 3.0, 4.0}) {
+      if (bpd > m.b_max) continue;
+      const int64_t total = cobra_total_budget(n, d, bpd);
+      BudgetFloor fl;
+      const int64_t bmin = cobra_min_head_budget(static_cast<double>(total) / n, fl);
+      const int64_t bmax = head_max > 0 ? head_max : int64_t{d} * m.b_max;
+      if (total < n * bmin || total > n * bmax || bmax < bmin) continue;
+      C2Result r = cobra_c2_exact(spectra, total, m, fl, head_max);
+      std::vector<HeadCurve> curves;
+      for (const auto& lam : spectra) {
+        std::vector<CurveOption> opts = {{0, 0, std::accumulate(lam.begin(), lam.end(), 0.0)}};
+        for (int rank = m.r_min; rank <= d; rank += m.r_step)
+          for (int b = m.b_min; b <= m.b_max; ++b)
+            opts.push_back({rank, b, cobra_distortion(lam, rank, b, m)});
+        curves.push_back(make_curve(opts, bmin, bmax));
+      }
+      ExactSolution g = solve_exact_budget(curves, total);
+      ASSERT_NEAR(r.objective, g.objective, 1e-12 * std::max(1.0, g.objective))
+          << "trial " << trial << " bpd " << bpd;
+      EXPECT_EQ(r.total_assigned, total);
+      for (int h = 0; h < n; ++h) {
+        EXPECT_EQ(r.choice[h].distortion, curve_value(curves[h], r.budgets[h])) << h;
+        // The decision is C1 at the final budget, to the bit (rank, bits and D).
+        const RankBits c1 = cobra_c1(spectra[h], r.budgets[h], m);
+        EXPECT_EQ(r.choice[h].rank, c1.rank) << h;
+        EXPECT_EQ(r.choice[h].bits, c1.bits) << h;
+        EXPECT_EQ(r.choice[h].distortion, c1.distortion) << h;
+      }
+      with_dp += r.exact.free_heads > 0;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 120);
+  EXPECT_GT(with_dp, 10);  // the gap-closing DP ran on these too
 }
 
 TEST(CobraC2Exact, NeverWorseThanDampedAndMeetsBudgetExactly) {

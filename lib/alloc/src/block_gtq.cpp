@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <numeric>
 
 #include "internal.hpp"
@@ -38,40 +39,49 @@ void check_bpd(double bpd, int b_min, int b_max) {
 }
 
 // Increments (block i, width b -> b+1) for the 4^-b law, compared exactly. With s = m 2^e
-// (frexp), s 4^-b = M 4^(k-b) where M = m 2^(e mod 2) lies in [0.5, 2) and k = (e - e mod 2) / 2;
-// the intervals [0.5, 2) 4^n are disjoint and increasing in n, so (k - b, M) lexicographic is the
-// value order, with no rounding and no underflow. Writes the extra bits per block into add[].
-// Scratch is per thread: this runs once per head, hundreds of heads per model.
+// (m in [0.5, 1)), s 4^-b = M 4^(k-b) where M = m 2^(e mod 2) lies in [0.5, 2) and
+// k = (e - e mod 2) / 2; the intervals [0.5, 2) 4^n are disjoint and increasing in n, so
+// (level k - b, M) lexicographic is the value order, with no rounding and no underflow. M is
+// kept as its bit pattern (positive doubles order like their bits). Writes the extra bits per
+// block into add[]. Scratch is per thread: this runs once per head, hundreds of heads per model.
 void select_pow4(const double* s, int n, int64_t extra, int b_min, int b_max, int* add) {
   const int32_t cap = b_max - b_min;
   // Positive blocks as parallel arrays (index order), so the counting loop below vectorises.
-  thread_local std::vector<int32_t> kk, idx, zero;
-  thread_local std::vector<double> mant;
-  if (static_cast<int>(kk.size()) < n) kk.resize(n), idx.resize(n), zero.resize(n), mant.resize(n);
+  thread_local std::vector<int32_t> kk_buf, idx_buf, zero_buf;
+  thread_local std::vector<uint64_t> mant_buf;
+  if (static_cast<int>(kk_buf.size()) < n)
+    kk_buf.resize(n), idx_buf.resize(n), zero_buf.resize(n), mant_buf.resize(n);
+  // Raw pointers: through the vectors every store would make the compiler reload them.
+  int32_t* kk = kk_buf.data();
+  int32_t* idx = idx_buf.data();
+  int32_t* zero = zero_buf.data();
+  uint64_t* mant = mant_buf.data();
   int np = 0, nz = 0;
+  int32_t kmin = std::numeric_limits<int32_t>::max(), kmax = std::numeric_limits<int32_t>::min();
   for (int i = 0; i < n; ++i) {
     add[i] = 0;
-    if (s[i] > 0) {
-      uint64_t u;
-      std::memcpy(&u, &s[i], sizeof u);
-      const int biased = static_cast<int>((u >> 52) & 0x7ff);
-      int e;
-      double m;
-      if (biased != 0) {  // normal: s = m 2^e with m in [0.5, 1), read off the bits
-        e = biased - 1022;
-        u = (u & 0x800fffffffffffffULL) | (uint64_t{1022} << 52);
-        std::memcpy(&m, &u, sizeof m);
-      } else {
-        m = std::frexp(s[i], &e);
-      }
-      const int p = e & 1;
-      kk[np] = (e - p) / 2;
-      mant[np] = p ? 2 * m : m;
-      idx[np] = i;
-      ++np;
-    } else {
+    uint64_t u;
+    std::memcpy(&u, &s[i], sizeof u);
+    if (!(s[i] > 0)) {
       zero[nz++] = i;
+      continue;
     }
+    int e;
+    const int biased = static_cast<int>(u >> 52);  // sign is 0
+    if (biased != 0) {  // normal: m = the same mantissa with the exponent of [0.5, 1)
+      e = biased - 1022;
+    } else {
+      const double m = std::frexp(s[i], &e);
+      std::memcpy(&u, &m, sizeof u);
+    }
+    const int p = e & 1;
+    const int32_t kv = (e - p) >> 1;  // e - p is even: exact
+    kk[np] = kv;
+    kmin = kv < kmin ? kv : kmin;
+    kmax = kv > kmax ? kv : kmax;
+    mant[np] = (u & 0x000fffffffffffffULL) | (static_cast<uint64_t>(1022 + p) << 52);  // M
+    idx[np] = i;
+    ++np;
   }
   const int64_t pos_cap = static_cast<int64_t>(np) * cap;
   if (extra >= pos_cap) {
@@ -88,30 +98,58 @@ void select_pow4(const double* s, int n, int64_t extra, int b_min, int b_max, in
   }
   if (extra == 0) return;
 
-  // count(j, N): increments of positive block j whose level k - width is >= N.
-  const int32_t* k = kk.data();
-  auto total = [&](int32_t N) {
-    const int32_t off = N + b_min - 1;
-    int32_t t = 0;  // <= n_b * 16: int32 keeps the loop vectorisable
-    for (int j = 0; j < np; ++j) {
-      int32_t c = k[j] - off;
-      c = c < 0 ? 0 : c;
-      t += c > cap ? cap : c;
+  // The level lo of the last increment taken: the largest N with total(N) >= extra, where
+  // total(N) = increments at levels >= N. Block j has one increment at each level in
+  // [k_j - b_max + 1, k_j - b_min], so the number at level N is the count of blocks with k in
+  // [N + b_min, N + b_max - 1]: a sliding window over a histogram of k, walked down from the top.
+  const int32_t* k = kk;
+  int32_t lo;
+  if (kmax - kmin <= 512) {
+    thread_local std::vector<int32_t> hist_buf;
+    const int32_t range = kmax - kmin + 1;
+    hist_buf.assign(range, 0);
+    int32_t* hist = hist_buf.data();
+    for (int j = 0; j < np; ++j) ++hist[k[j] - kmin];
+    auto h = [&](int32_t kv) { return kv < kmin || kv > kmax ? 0 : hist[kv - kmin]; };
+    int64_t total = 0;
+    int32_t window = 0;  // blocks with k in [N + b_min, N + b_max - 1]
+    lo = kmax - b_min + 1;
+    for (int32_t kv = lo + b_min; kv <= lo + b_max - 1; ++kv) window += h(kv);  // N = kmax-b_min+1
+    while (total < extra) {
+      --lo;  // window for N = lo: gains k = lo + b_min, loses k = lo + b_max
+      window += h(lo + b_min) - h(lo + b_max);
+      total += window;
     }
-    return static_cast<int64_t>(t);
-  };
-  int32_t kmin = k[0], kmax = k[0];
-  for (int j = 0; j < np; ++j) kmin = std::min(kmin, k[j]), kmax = std::max(kmax, k[j]);
-  // total(lo) = pos_cap > extra >= 1 > 0 = total(hi): find the largest N with total(N) >= extra.
-  int32_t lo = kmin - b_max + 1, hi = kmax - b_min + 1;
-  while (hi - lo > 1) {
-    int32_t mid = lo + (hi - lo) / 2;
-    (total(mid) >= extra ? lo : hi) = mid;
+  } else {  // extreme ranges: binary search on total(N)
+    auto total = [&](int32_t N) {
+      const int32_t off = N + b_min - 1;
+      int64_t t = 0;
+      for (int j = 0; j < np; ++j) {
+        int32_t c = k[j] - off;
+        c = c < 0 ? 0 : c;
+        t += c > cap ? cap : c;
+      }
+      return t;
+    };
+    // total(lo) = pos_cap > extra >= 1 > 0 = total(hi): the largest N with total(N) >= extra.
+    lo = kmin - b_max + 1;
+    int32_t hi = kmax - b_min + 1;
+    while (hi - lo > 1) {
+      int32_t mid = lo + (hi - lo) / 2;
+      (total(mid) >= extra ? lo : hi) = mid;
+    }
   }
-  // Blocks with an increment exactly at level lo are tied on level; the rest is settled.
-  thread_local std::vector<int> tied;
-  thread_local std::vector<double> tied_m, sel;
-  if (static_cast<int>(tied.size()) < np) tied.resize(np), tied_m.resize(np), sel.resize(np);
+  // Blocks with an increment exactly at level lo are tied on level; the rest is settled. The
+  // tied ones (index order) get a bin from the top bits of M: 32 bins, in value order.
+  thread_local std::vector<int32_t> tied_buf, tbin_buf, in_cut_buf;
+  thread_local std::vector<uint64_t> tied_m_buf;
+  if (static_cast<int>(tied_buf.size()) < np)
+    tied_buf.resize(np), tbin_buf.resize(np), in_cut_buf.resize(np), tied_m_buf.resize(np);
+  int32_t* tied = tied_buf.data();
+  int32_t* tbin = tbin_buf.data();
+  int32_t* in_cut = in_cut_buf.data();
+  uint64_t* tied_m = tied_m_buf.data();
+  int bin_count[32] = {0};
   int nt = 0;
   int64_t taken = 0;
   const int32_t off = lo + b_min;  // count(j, lo + 1)
@@ -121,23 +159,38 @@ void select_pow4(const double* s, int n, int64_t extra, int b_min, int b_max, in
     add[idx[j]] = above;
     taken += above;
     if (c >= 0 && c < cap) {  // count(j, lo) == above + 1
+      const int b = static_cast<int>((mant[j] >> 48) - (uint64_t{1022} << 4));  // 0..31
       tied[nt] = idx[j];
       tied_m[nt] = mant[j];
-      sel[nt] = mant[j];
+      tbin[nt] = b;
+      ++bin_count[b];
       ++nt;
     }
   }
   int64_t need = extra - taken;
   KVQ_ASSERT(need >= 1 && need <= nt);
-  // Within the level, larger mantissa = larger gain, equal gains to the lower index: find the
-  // need-th largest mantissa, take everything above it, then the lowest indices equal to it
-  // (tied is in index order).
-  std::nth_element(sel.begin(), sel.begin() + (need - 1), sel.begin() + nt, std::greater<double>());
-  const double bound = sel[need - 1];
-  for (int j = 0; j < nt; ++j)
-    if (tied_m[j] > bound) add[tied[j]] += 1, --need;
-  for (int j = 0; j < nt && need > 0; ++j)
-    if (tied_m[j] == bound) add[tied[j]] += 1, --need;
+  // Within the level, larger M = larger gain, equal gains to the lower index: every bin above the
+  // one where the count reaches `need` is taken whole; that bin's members are ranked exactly.
+  int cut = 31;
+  int64_t above_cut = 0;
+  while (above_cut + bin_count[cut] < need) above_cut += bin_count[cut--];
+  int64_t rest = need - above_cut;  // taken from bin `cut`, 1 <= rest <= its size
+  int nc = 0;
+  for (int j = 0; j < nt; ++j) {
+    add[tied[j]] += tbin[j] > cut;
+    in_cut[nc] = j;
+    nc += tbin[j] == cut;
+  }
+  // The cut bin is small: take its `rest` largest M one at a time; in_cut is in index order, so
+  // the first maximum is the lowest index (the tie rule). A taken member's M is zeroed (every M
+  // is >= 0.5), which keeps the order.
+  for (; rest > 0; --rest) {
+    int best = 0;
+    for (int t = 1; t < nc; ++t)
+      if (tied_m[in_cut[t]] > tied_m[in_cut[best]]) best = t;
+    add[tied[in_cut[best]]] += 1;
+    tied_m[in_cut[best]] = 0;
+  }
 }
 
 // Generic convex table: top `extra` marginal gains s_i (D(b) - D(b+1)) under (gain desc, index
@@ -212,6 +265,32 @@ GreedyResult greedy_core(const std::vector<double>& energies, double bits_per_di
   return r;
 }
 
+// Groups of equal width in increasing width, dims in block order; coords[2i], coords[2i+1] =
+// block i's pair. Widths must be in [0, 16]. One pass sizes the groups, one fills them.
+std::vector<TqGroup> groups_from_coords(const int* bits, int nb, const int* coords) {
+  int count[17] = {0};
+  for (int i = 0; i < nb; ++i) ++count[bits[i]];
+  int distinct = 0;
+  for (int w = 0; w <= 16; ++w) distinct += count[w] > 0;
+  std::vector<TqGroup> groups(distinct);
+  int* at[17];
+  for (int w = 0, gi = 0; w <= 16; ++w) {
+    at[w] = nullptr;
+    if (!count[w]) continue;
+    TqGroup& grp = groups[gi++];
+    grp.bits = w;
+    grp.dims.resize(2 * static_cast<size_t>(count[w]));
+    at[w] = grp.dims.data();
+  }
+  for (int i = 0; i < nb; ++i) {
+    int*& p = at[bits[i]];
+    p[0] = coords[2 * i];
+    p[1] = coords[2 * i + 1];
+    p += 2;
+  }
+  return groups;
+}
+
 }  // namespace
 
 void check_distortion_table(const std::vector<double>& t, int b_min, int b_max) {
@@ -264,33 +343,13 @@ std::vector<TqGroup> groups_from_block_bits(const std::vector<int>& block_bits,
   if (static_cast<int>(block_bits.size()) != head_dim / 2)
     fail("block_bits", "expected " + num(head_dim / 2) + " blocks, got " +
                            num(static_cast<long long>(block_bits.size())));
-  // One pass to size the groups (widths are small integers), one to fill them.
-  int count[17] = {0};
-  for (int w : block_bits) {
+  for (int w : block_bits)
     if (w < 0 || w > 16) fail("block_bits", "width " + num(w) + " outside [0, 16]");
-    ++count[w];
-  }
-  std::vector<TqGroup> groups;
-  int distinct = 0;
-  for (int w = 0; w <= 16; ++w) distinct += count[w] > 0;
-  groups.reserve(distinct);
-  int slot[17];
-  for (int w = 0; w <= 16; ++w) {
-    slot[w] = -1;
-    if (!count[w]) continue;
-    slot[w] = static_cast<int>(groups.size());
-    groups.emplace_back();
-    groups.back().bits = w;
-    groups.back().dims.reserve(2 * count[w]);
-  }
-  for (int i = 0; i < static_cast<int>(block_bits.size()); ++i) {
-    int a = 0, b = 0;
-    rope_block_coords(pairing, head_dim, rotary_dim, i, &a, &b);
-    auto& dims = groups[slot[block_bits[i]]].dims;
-    dims.push_back(a);
-    dims.push_back(b);
-  }
-  return groups;
+  thread_local std::vector<int> coords;
+  coords.resize(block_bits.size() * 2);
+  for (int i = 0; i < static_cast<int>(block_bits.size()); ++i)
+    rope_block_coords(pairing, head_dim, rotary_dim, i, &coords[2 * i], &coords[2 * i + 1]);
+  return groups_from_coords(block_bits.data(), static_cast<int>(block_bits.size()), coords.data());
 }
 
 Allocation allocate_block_gtq(const BlockGtqInput& in, double bits_per_dim,
@@ -310,6 +369,12 @@ Allocation allocate_block_gtq(const BlockGtqInput& in, double bits_per_dim,
     fail("energies", "expected " + num(n) + " heads (layers x kv heads), got " +
                          num(static_cast<long long>(in.energies.size())));
 
+  // Every head has the same blocks: their coordinate pairs once.
+  const int nb = d / 2;
+  std::vector<int> coords(2 * static_cast<size_t>(nb));
+  for (int i = 0; i < nb; ++i)
+    rope_block_coords(in.pairing, d, dr, i, &coords[2 * i], &coords[2 * i + 1]);
+
   Allocation out;
   out.heads.reserve(n);
   std::vector<double> per_head;
@@ -323,18 +388,24 @@ Allocation allocate_block_gtq(const BlockGtqInput& in, double bits_per_dim,
     if (static_cast<int>(e.size()) != d / 2)
       fail(field(), "expected " + num(d / 2) + " RoPE blocks, got " +
                         num(static_cast<long long>(e.size())));
-    bool ok = true;
-    for (double x : e) ok &= std::isfinite(x) && x >= 0;
-    if (!ok) check_energies(e, field());
+    // Fast check: sign bit clear and exponent below all-ones = finite and >= 0 (-0.0 and the
+    // rest go to the exact check, which accepts -0.0 and names anything else).
+    uint64_t bad = 0;
+    for (double x : e) {
+      uint64_t u;
+      std::memcpy(&u, &x, sizeof u);
+      bad |= (u >> 52) >= 0x7ff;
+    }
+    if (bad) check_energies(e, field());
     GreedyResult r = greedy_core(in.energies[i], bits_per_dim, g);
 
-    HeadDecision h;
+    HeadDecision& h = out.heads.emplace_back();
     h.layer = layer;
     h.kv_head = head;
     h.side = Side::kK;
     h.kind = CodingKind::kTqGroups;
     h.post_rope = true;
-    h.groups = groups_from_block_bits(r.bits, in.pairing, d, dr);
+    h.groups = groups_from_coords(r.bits.data(), nb, coords.data());
     for (auto& grp : h.groups)
       grp.rotation_seed = derive_seed(opt.seed, layer, head, Side::kK, static_cast<uint64_t>(grp.bits));
     h.block_bits = std::move(r.bits);
@@ -342,7 +413,6 @@ Allocation allocate_block_gtq(const BlockGtqInput& in, double bits_per_dim,
     h.predicted_distortion = r.objective;
     budget += 2 * r.budget;
     per_head.push_back(r.objective);
-    out.heads.push_back(std::move(h));
   }
 
   auto& s = out.summary;

@@ -50,12 +50,16 @@ struct ExactSolution {
 };
 
 // Exact optimum. Method: lower convex hull per head -> LP relaxation by greedy over hull segments
-// (critical slope mu, Lagrangian lower bound LB) -> integer incumbent UB -> options whose reduced
-// cost exceeds g cannot be in any solution within LB + g and are dropped (heads with one survivor
-// are fixed) -> Pareto DP over the remaining heads; g grows from (UB - LB)/256 until the DP's best
-// is within LB + g (then it is the optimum) or g = UB - LB. Leftover budget (the curves are flat
-// there) is spread evenly over heads below their cap so the sum is met exactly. Ties between
-// equally good splits resolve deterministically (the DP keeps the cheapest).
+// (critical slope mu, found by cost histograms over the efficiencies' bits, no sort) ->
+// Lagrangian lower bound LB (m_h = min over every step of D + mu c) -> integer incumbent UB ->
+// options whose reduced cost exceeds g cannot be in any solution within LB + g and are dropped
+// (heads with one survivor are fixed) -> Pareto DP over the remaining heads; g grows x4 from
+// (UB - LB)/256 until the DP's best is within LB + g (then it is the optimum) or g reaches U - LB
+// (U = the best solution seen; then U is). Survivors and DP states are kept up to g plus a bound
+// on the accumulated rounding, so the result is optimal up to floating-point rounding of the
+// sums. Leftover budget (the curves are flat there) is spread evenly over heads below their cap
+// so the sum is met exactly. Ties between equally good splits resolve deterministically (the DP
+// keeps the cheapest).
 // Throws kvq::Error if sum of floors > total or sum of caps < total.
 ExactSolution solve_exact_budget(const std::vector<HeadCurve>& curves, int64_t total);
 

@@ -1,0 +1,61 @@
+#pragma once
+// Perplexity with the KV cache quantized by the real codec inside the forward.
+//
+// Cache semantics: every token's K and V are coded once, when the token is written to the cache,
+// and every later query reads that coded value. The forward is a full causal window, so for a plain
+// quantized cache this is exactly "code every position of every layer once" (the codecs are
+// per-token). Positions are window-relative (each window is a fresh sequence from position 0).
+//
+// Protected tokens (CachePolicy): for query i, key/value j (j <= i) is read in full precision when
+// j < sink or j > i - recent (the last `recent` cache entries, the query's own token included),
+// coded otherwise. "Recent" depends on the query, so with recent > 0 no single K per position is
+// right for every query; window_token_nll computes it exactly (see perplexity.cpp): each query's
+// attention reads precisely the mixed cache a decode loop would hold, and every token's K/V at
+// every layer is the one its own (mixed-cache) forward produced.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvq/eval/kv_coder.hpp"
+#include "kvq/model/model.hpp"
+
+namespace kvq {
+
+struct CachePolicy {
+  int sink = 0;    // first `sink` positions of the window stay full precision
+  int recent = 0;  // the last `recent` cache entries (relative to each query) stay full precision
+};
+
+// NLL (nats) of each target ids[t], t in [first_target, ids.size()), predicted from ids[0..t).
+// ids[0] is usually BOS. coder == nullptr: the fp32 forward.
+std::vector<double> window_token_nll(const Model& m, const std::vector<int64_t>& ids, int first_target,
+                                     const KvCoder* coder, const CachePolicy& policy = {});
+
+struct PplOptions {
+  int window = 0;      // tokens per forward, BOS included (2..max_seq_len)
+  int stride = 0;      // new tokens per window (1..window-1)
+  int bos_id = 1;
+  CachePolicy policy;
+  int64_t max_batch_tokens = 16384;  // windows per forward (plain cache) = this / window
+  bool quiet = false;                // no progress line
+  std::string label;                 // progress label
+};
+
+struct PplResult {
+  double nll_sum = 0;        // nats over all scored tokens
+  int64_t tokens = 0;        // scored tokens (= text tokens: each is scored exactly once)
+  int64_t windows = 0;
+  int64_t forward_tokens = 0;  // tokens pushed through the forward (cost of the exact protected path)
+  double seconds = 0;
+  double nll() const { return tokens ? nll_sum / double(tokens) : 0.0; }
+  double ppl() const;
+};
+
+// Sliding windows like the standard perplexity scripts: window k is [BOS] + text[k*stride ..
+// k*stride + window-1); each text token is scored once, in the first window that contains it
+// beyond the previous window's end, with the context that precedes it in that window.
+// `text` is the token stream without BOS.
+PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, const PplOptions& o,
+                             const KvCoder* coder);
+
+}  // namespace kvq

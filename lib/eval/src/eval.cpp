@@ -1,0 +1,245 @@
+#include "kvq/eval/eval.hpp"
+
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+
+#include "kvq/alloc/uniform.hpp"
+#include "kvq/corpus/corpus.hpp"
+#include "kvq/eval/overlap.hpp"
+#include "kvq/io/alloc_file.hpp"
+#include "kvq/model/tokenizer.hpp"
+#include "kvq/util/error.hpp"
+#include "kvq/util/sha256.hpp"
+
+namespace kvq {
+namespace {
+
+std::string short_sha(const std::string& s) { return s.substr(0, 12); }
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+
+// The uniform TQ-MSE baseline of kvq-verify: whole-vector groups, rotation seeds derive_seed(42, ...).
+std::vector<HeadDecision> uniform_heads(const ModelConfig& cfg, double k_bpd, double v_bpd, const std::string& alloc) {
+  std::vector<HeadDecision> out;
+  const alloc::Shape shape{cfg.n_layers, cfg.n_kv_heads, cfg.head_dim};
+  for (auto [side, bpd] : {std::make_pair(Side::kK, k_bpd), std::make_pair(Side::kV, v_bpd)}) {
+    if (!(bpd >= 1 && bpd <= 8 && bpd == std::floor(bpd)))
+      throw Error(alloc, side == Side::kK ? "budget.k_bpd_nominal" : "budget.v_bpd_nominal",
+                  "the uniform baseline needs whole bits in 1..8, the allocation has " + std::to_string(bpd) +
+                      " (pass --baseline-k-bpd / --baseline-v-bpd, or --baseline none)");
+    alloc::UniformOptions uo;
+    uo.seed = 42;
+    auto a = alloc::allocate_uniform(shape, side, bpd, uo);
+    out.insert(out.end(), a.heads.begin(), a.heads.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+EvalReport run_eval(const EvalOptions& o) {
+  if (o.baseline != "uniform" && o.baseline != "none")
+    throw Error("", "--baseline", "unknown baseline '" + o.baseline + "' (uniform or none)");
+  if (o.text.empty()) throw Error("", "--text", "no text given");
+  for (const auto& p : o.text)
+    if (!std::filesystem::exists(p)) throw Error(p, "--text", "no such file or folder");
+  if (o.policy.sink < 0 || o.policy.recent < 0)
+    throw Error("", o.policy.sink < 0 ? "--sink" : "--recent", "must be >= 0");
+  if (o.max_tokens < 0) throw Error("", "--max-tokens", "must be >= 0");
+
+  AllocFile a = read_alloc(o.alloc);
+  Model m = Model::load(o.model);
+  const ModelConfig& cfg = m.config();
+  if (a.calib.model_config_sha256 != m.config_sha256())
+    throw Error(o.alloc, "calibration.model_config_sha256",
+                "the allocation was made for another model (config sha256 " + short_sha(a.calib.model_config_sha256) +
+                    "..., calibration " + a.calib_path + "), not for --model " + o.model + " (" +
+                    short_sha(m.config_sha256()) + "...)");
+  // The held-out check runs against --calib, else against the calibration file the allocation
+  // names when it is still there unchanged (allocations travel without their calibration files).
+  std::string calib_path = o.calib, not_checked;
+  if (calib_path.empty()) {
+    if (a.calib_path.empty() || !std::filesystem::is_regular_file(a.calib_path))
+      not_checked = "the allocation's calibration file " + a.calib_path + " is not here";
+    else if (sha256_file(a.calib_path) != a.calib_sha256)
+      not_checked = "the allocation's calibration file " + a.calib_path + " changed since allocation";
+    else
+      calib_path = a.calib_path;
+  }
+  CalibFile calib;
+  if (!calib_path.empty()) {
+    calib = read_calib(calib_path, false);
+    check_alloc_matches(a, o.alloc, calib, calib_path);
+  }
+
+  auto tok = Tokenizer::load(o.tokenizer.empty() ? Tokenizer::default_path_for_model(o.model, cfg.vocab_size)
+                                                 : o.tokenizer);
+  CorpusText text = read_corpus(o.text, o.lossy_utf8);
+  const std::string text_name = join(o.text);
+  std::vector<int32_t> stream = tokenize_corpus(text, [&](const std::string& s) { return tok->encode(s); });
+  if (o.max_tokens > 0 && int64_t(stream.size()) > o.max_tokens) stream.resize(size_t(o.max_tokens));
+  if (stream.empty()) throw Error(text_name, "--text", "holds no tokens");
+  for (int32_t id : stream)
+    if (id < 0 || id >= cfg.vocab_size)
+      throw Error(text_name, "--tokenizer", "token id " + std::to_string(id) + " is outside the model's vocabulary");
+
+  EvalReport r;
+  r.model = o.model;
+  r.alloc = o.alloc;
+  r.text = text_name;
+  r.text_tokens = int64_t(stream.size());
+  r.window = o.window > 0 ? o.window : cfg.max_seq_len;
+  r.stride = o.stride > 0 ? o.stride : std::max(1, r.window / 2);
+  r.policy = o.policy;
+
+  // Held-out check.
+  std::vector<int32_t> cal;
+  if (!calib_path.empty()) {
+    try {
+      cal = calibration_stream(calib, calib_path);
+    } catch (const Error& e) {
+      if (!o.calib.empty()) throw;  // asked for explicitly: a check that cannot run is an error
+      not_checked = e.what();
+    }
+  }
+  if (!cal.empty()) {
+    std::vector<int32_t> mine;
+    const std::vector<int32_t>* check = &stream;
+    if (tok->sha256() != calib.prov.tokenizer_sha256) {  // compare in the calibration's tokens
+      auto ctok = Tokenizer::load(calib.prov.tokenizer_path);
+      mine = tokenize_corpus(text, [&](const std::string& s) { return ctok->encode(s); });
+      check = &mine;
+    }
+    OverlapReport ov = check_disjoint(*check, text_name, cal, calib, calib_path);
+    r.calib = calib_path;
+    r.overlap = "checked against " + calib_path + ": no " + std::to_string(ov.ngram) +
+                "-token run shared with its " + std::to_string(ov.calib_windows) + " calibration windows (" +
+                std::to_string(ov.calib_tokens) + " tokens)";
+    if (sha256_file(calib_path) != a.calib_sha256) r.overlap += "; note: not the calibration file the allocation was made from";
+  } else {
+    r.overlap = "NOT CHECKED against calibration windows: " + not_checked + " (pass --calib)";
+  }
+
+  PplOptions po;
+  po.window = r.window;
+  po.stride = r.stride;
+  po.bos_id = tok->bos_id();
+  po.policy = o.policy;
+  po.quiet = o.quiet;
+
+  // Coders first: a bad allocation or baseline budget fails before any forward runs.
+  KvCoder alloc_coder(cfg, a.heads, o.alloc);
+  std::unique_ptr<KvCoder> base_coder;
+  double kb = 0, vb = 0;
+  if (o.baseline == "uniform") {
+    kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
+    vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
+    base_coder = std::make_unique<KvCoder>(cfg, uniform_heads(cfg, kb, vb, o.alloc), "uniform baseline");
+  }
+
+  EvalRow fp;
+  fp.name = "fp32";
+  po.label = "fp32";
+  fp.result = sliding_perplexity(m, stream, po, nullptr);
+  r.rows.push_back(fp);
+
+  EvalRow al;
+  al.name = a.method + (a.v_method != a.method ? "/" + a.v_method : "");
+  al.coded = true;
+  al.k_bpd_nominal = a.k_bpd_nominal;
+  al.v_bpd_nominal = a.v_bpd_nominal;
+  al.k_bpd_effective = alloc_coder.k_bpd_effective();
+  al.v_bpd_effective = alloc_coder.v_bpd_effective();
+  po.label = al.name;
+  al.result = sliding_perplexity(m, stream, po, &alloc_coder);
+  r.rows.push_back(al);
+
+  if (base_coder) {
+    EvalRow b;
+    b.name = "uniform (baseline)";
+    b.coded = true;
+    b.k_bpd_nominal = kb;
+    b.v_bpd_nominal = vb;
+    b.k_bpd_effective = base_coder->k_bpd_effective();
+    b.v_bpd_effective = base_coder->v_bpd_effective();
+    po.label = "uniform baseline";
+    b.result = sliding_perplexity(m, stream, po, base_coder.get());
+    r.rows.push_back(b);
+  }
+  return r;
+}
+
+nlohmann::json EvalReport::to_json() const {
+  nlohmann::json rj = nlohmann::json::array();
+  const double fp_ppl = rows.empty() ? 0 : rows[0].result.ppl();
+  for (const auto& x : rows) {
+    nlohmann::json j = {{"name", x.name},
+                        {"coded", x.coded},
+                        {"nll", x.result.nll()},
+                        {"ppl", x.result.ppl()},
+                        {"ppl_vs_fp32", fp_ppl > 0 ? x.result.ppl() / fp_ppl : 0.0},
+                        {"tokens", x.result.tokens},
+                        {"windows", x.result.windows},
+                        {"forward_tokens", x.result.forward_tokens},
+                        {"seconds", x.result.seconds}};
+    if (x.coded) {
+      j["k_bpd_nominal"] = x.k_bpd_nominal;
+      j["k_bpd_effective"] = x.k_bpd_effective;
+      j["v_bpd_nominal"] = x.v_bpd_nominal;
+      j["v_bpd_effective"] = x.v_bpd_effective;
+    }
+    rj.push_back(j);
+  }
+  return {{"kind", "eval"},
+          {"eval_version", 1},
+          {"model", model},
+          {"alloc", alloc},
+          {"text", text},
+          {"calib", calib},
+          {"text_tokens", text_tokens},
+          {"window", window},
+          {"stride", stride},
+          {"sink", policy.sink},
+          {"recent", policy.recent},
+          {"baseline_budget", "nominal"},
+          {"held_out_check", overlap},
+          {"rows", rj}};
+}
+
+std::string format_eval_report(const EvalReport& r) {
+  std::ostringstream s;
+  char buf[512];
+  s << "model " << r.model << "\ntext  " << r.text << ": " << r.text_tokens << " tokens, windows of " << r.window
+    << " (BOS + " << r.window - 1 << " text tokens), stride " << r.stride << "\n";
+  s << "cache: every token's K/V coded once when written; full precision: first " << r.policy.sink
+    << " positions (sink), last " << r.policy.recent << " entries per query (recent)\n";
+  s << "held-out: " << r.overlap << "\n";
+  std::snprintf(buf, sizeof buf, "%-24s %9s %9s %9s %9s %9s %11s %9s\n", "", "K bpd", "K eff", "V bpd", "V eff",
+                "NLL", "PPL", "vs fp32");
+  s << buf;
+  const double fp = r.rows.empty() ? 0 : r.rows[0].result.ppl();
+  for (const auto& x : r.rows) {
+    const double rel = fp > 0 ? 100.0 * (x.result.ppl() / fp - 1.0) : 0;
+    if (x.coded)
+      std::snprintf(buf, sizeof buf, "%-24s %9.3g %9.4g %9.3g %9.4g %9.5f %11.4f %+8.2f%%\n", x.name.c_str(),
+                    x.k_bpd_nominal, x.k_bpd_effective, x.v_bpd_nominal, x.v_bpd_effective, x.result.nll(),
+                    x.result.ppl(), rel);
+    else
+      std::snprintf(buf, sizeof buf, "%-24s %9s %9s %9s %9s %9.5f %11.4f %9s\n", x.name.c_str(), "32", "32", "32",
+                    "32", x.result.nll(), x.result.ppl(), "");
+    s << buf;
+  }
+  s << "(baseline at the allocation's nominal bpd; effective bpd = stored bits per token per head / d, protected "
+       "full-precision tokens not counted)\n";
+  return s.str();
+}
+
+}  // namespace kvq
