@@ -7,9 +7,13 @@ KVQ_SHARED=${KVQ_SHARED:-$(cd "$KVQ_ROOT/.." && pwd)/shared}
 
 # Debian packages kvq builds and runs with. libopenblas0-pthread keeps LibTorch off reference BLAS
 # (16x slower); bible-kjv is the default calibration corpus (the demo model was trained on it).
+# clang + libclang-rt-dev build the fuzz targets (scripts/fuzz): libFuzzer and the clang sanitizer
+# runtimes are only a Recommends of clang, which --no-install-recommends leaves out.
 KVQ_PACKAGES=(cmake ninja-build ccache g++ pkg-config libtorch-dev libopenblas0-pthread
   libeigen3-dev libhdf5-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libsentencepiece-dev
-  libgtest-dev libgmock-dev libbenchmark-dev python3-jsonschema bible-kjv libcairo2-dev)
+  libgtest-dev libgmock-dev libbenchmark-dev python3-jsonschema bible-kjv libcairo2-dev
+  clang libclang-rt-dev
+  libopenmpi-dev openmpi-bin)
 
 kvq_log() { printf '\033[1m[kvq]\033[0m %s\n' "$*" >&2; }
 

@@ -7,11 +7,13 @@
 #include "kvq/util/error.hpp"
 
 int main(int argc, char** argv) {
+  kvq::Ranks ranks(&argc, &argv);  // MPI only under mpirun: then the windows are sharded over the ranks
   CLI::App app{
       "calib-capture: run a model over a calibration corpus and write the per-(layer, KV head) fp64 moment\n"
       "sums, a bounded reservoir of token rows and whole held-out windows to a calibration file.\n"
       "  calib-capture --model M --corpus TEXT --out cal.kvqcal.h5 [--samples N --seq-len T ...]\n"
-      "  calib-capture merge A.kvqcal.h5 B.kvqcal.h5 --out AB.kvqcal.h5"};
+      "  calib-capture merge A.kvqcal.h5 B.kvqcal.h5 --out AB.kvqcal.h5\n"
+      "  mpirun -n N calib-capture ... (windows sharded over N ranks; rank 0 writes the file)"};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   kvq::CaptureOptions o;
@@ -46,9 +48,11 @@ int main(int argc, char** argv) {
   merge->add_option("-o,--out", merge_out, "merged calibration file")->required();
   CLI11_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
+  if (ranks.rank() != 0 && common.verbose == 0 && !common.quiet) spdlog::set_level(spdlog::level::warn);  // rank 0 narrates
 
-  return kvq::cli::run_main("calib-capture", [&] {
+  const int rc = kvq::cli::run_main("calib-capture", [&] {
     if (merge->parsed()) {
+      if (ranks.rank() != 0) return 0;  // a merge is one process's job
       kvq::CalibFile m = kvq::read_calib(inputs[0], true);
       for (size_t i = 1; i < inputs.size(); ++i)
         m = kvq::merge_calib(m, inputs[0], kvq::read_calib(inputs[i], true), inputs[i]);
@@ -71,7 +75,12 @@ int main(int argc, char** argv) {
     }
     o.quiet = common.quiet;
     kvq::set_threads(common.threads);
-    kvq::run_capture(o);
+    try {
+      kvq::run_capture(o, &ranks);
+    } catch (const kvq::ReportedByRankZero&) {
+      return 2;
+    }
     return 0;
   });
+  return ranks.finish(rc);
 }

@@ -9,6 +9,7 @@
 #include <ctime>
 #include <filesystem>
 
+#include "capture_detail.hpp"
 #include "kvq/corpus/rng.hpp"
 #include "kvq/model/model.hpp"
 #include "kvq/model/tokenizer.hpp"
@@ -68,6 +69,19 @@ class HoldoutObserver : public CaptureObserver {
   int T_;
 };
 
+at::Tensor window_tensor(const capture_detail::Inputs& in, const std::vector<int64_t>& offs, size_t first,
+                         size_t count) {
+  const int T = in.plan.seq_len;
+  at::Tensor ids = at::empty({int64_t(count), T}, at::kLong);
+  for (size_t i = 0; i < count; ++i)
+    window_ids(in.stream, in.plan, offs[first + i], ids.data_ptr<int64_t>() + i * T);
+  return ids;
+}
+
+}  // namespace
+
+namespace capture_detail {
+
 void check_resumable(const std::string& out, const CalibFile& old, const CalibProvenance& want,
                      const std::vector<int64_t>& offsets) {
   auto mismatch = [&](const std::string& field, const std::string& was, const std::string& now) {
@@ -86,6 +100,7 @@ void check_resumable(const std::string& out, const CalibFile& old, const CalibPr
   auto num = [&](const char* f, int64_t a, int64_t b) {
     if (a != b) mismatch(std::string("provenance.") + f, std::to_string(a), std::to_string(b));
   };
+  num("n_ranks", p.n_ranks, want.n_ranks);  // first: another rank count changes every rank's share
   num("seed", int64_t(p.seed), int64_t(want.seed));
   num("samples", p.samples, want.samples);
   num("holdout", p.holdout, want.holdout);
@@ -95,16 +110,15 @@ void check_resumable(const std::string& out, const CalibFile& old, const CalibPr
   if (old.calib_offsets != offsets) throw Error(out, "/windows/calib_offsets", "cannot resume: window plan differs");
 }
 
-}  // namespace
 
-CalibFile run_capture(const CaptureOptions& o) {
+std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   if (o.out.empty()) throw Error("", "--out", "an output path is required");
   if (o.batch_size < 1) throw Error("", "--batch", "must be >= 1, got " + std::to_string(o.batch_size));
   if (o.reservoir_tokens < 0) throw Error("", "--reservoir-tokens", "must be >= 0");
   if (o.checkpoint_every < 0) throw Error("", "--checkpoint-every", "must be >= 0");
 
-  Model model = Model::load(o.model);
-  const ModelConfig& cfg = model.config();
+  auto in = std::make_unique<Inputs>(Model::load(o.model));
+  const ModelConfig& cfg = in->model.config();
   if (o.seq_len > cfg.max_seq_len)
     throw Error(o.model, "--seq-len",
                 std::to_string(o.seq_len) + " exceeds the model's maximum " + std::to_string(cfg.max_seq_len));
@@ -117,25 +131,25 @@ CalibFile run_capture(const CaptureOptions& o) {
   for (const auto& f : text.files)
     if (f.replaced_bytes > 0) spdlog::warn("{}: replaced {} invalid UTF-8 byte(s)", f.path, f.replaced_bytes);
   auto t0 = std::chrono::steady_clock::now();
-  std::vector<int32_t> stream = tokenize_corpus(text, [&](const std::string& s) { return tok->encode(s); });
-  spdlog::info("tokenized {} tokens in {:.1f} s", stream.size(),
+  in->stream = tokenize_corpus(text, [&](const std::string& s) { return tok->encode(s); });
+  spdlog::info("tokenized {} tokens in {:.1f} s", in->stream.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const std::string corpus_name = o.corpus.size() == 1 ? o.corpus[0] : "corpus";
-  if (stream.empty()) throw Error(corpus_name, "--corpus", "corpus is empty (no tokens)");
-  WindowPlan plan = plan_windows(int64_t(stream.size()), o.seq_len, o.samples, o.holdout, o.seed, cfg.bos_id,
-                                 corpus_name);
+  if (in->stream.empty()) throw Error(corpus_name, "--corpus", "corpus is empty (no tokens)");
+  in->plan = plan_windows(int64_t(in->stream.size()), o.seq_len, o.samples, o.holdout, o.seed, cfg.bos_id,
+                          corpus_name);
 
   const int64_t wb = o.window_begin, we = o.window_end < 0 ? o.samples : o.window_end;
   if (wb < 0 || we > o.samples || wb >= we)
     throw Error("", "--windows", "range " + std::to_string(wb) + ":" + std::to_string(we) + " not within 0:" +
                                      std::to_string(o.samples));
-  std::vector<int64_t> offsets(plan.calib.begin() + wb, plan.calib.begin() + we);
+  in->offsets.assign(in->plan.calib.begin() + wb, in->plan.calib.begin() + we);
 
-  MomentShape shape{cfg.n_layers, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim};
-  CalibProvenance prov;
+  in->shape = MomentShape{cfg.n_layers, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim};
+  CalibProvenance& prov = in->prov;
   prov.tool_version = KVQ_VERSION;
   prov.model_path = o.model;
-  prov.model_config_sha256 = model.config_sha256();
+  prov.model_config_sha256 = in->model.config_sha256();
   prov.architecture = cfg.architecture;
   prov.pairing = cfg.pairing;
   prov.rotary_dim = cfg.rotary_dim;
@@ -149,22 +163,91 @@ CalibFile run_capture(const CaptureOptions& o) {
   prov.tokenizer_path = tok_path;
   prov.tokenizer_sha256 = tok->sha256();
   prov.seed = o.seed;
-  prov.samples = int(offsets.size());
+  prov.samples = int(in->offsets.size());
   prov.holdout = o.holdout;
   prov.seq_len = o.seq_len;
   prov.batch_size = o.batch_size;
   prov.reservoir_tokens = o.reservoir_tokens;
-  prov.n_tokens_corpus = int64_t(stream.size());
+  prov.n_tokens_corpus = int64_t(in->stream.size());
   prov.created_unix = now_unix();
+  return in;
+}
 
-  const int T = o.seq_len;
-  const size_t d = size_t(cfg.head_dim), L = size_t(cfg.n_layers);
-  const size_t nq = size_t(cfg.n_heads) * d, nkv = size_t(cfg.n_kv_heads) * d;
-  auto window_tensor = [&](const std::vector<int64_t>& offs, size_t first, size_t count) {
-    at::Tensor ids = at::empty({int64_t(count), T}, at::kLong);
-    for (size_t i = 0; i < count; ++i) window_ids(stream, plan, offs[first + i], ids.data_ptr<int64_t>() + i * T);
-    return ids;
-  };
+void capture_holdout(const Inputs& in, int batch_size, CalibFile& c) {
+  const int T = in.plan.seq_len;
+  const size_t L = size_t(in.shape.n_layers), d = size_t(in.shape.head_dim);
+  const size_t nq = size_t(in.shape.n_heads) * d, nkv = size_t(in.shape.n_kv_heads) * d;
+  const std::vector<int64_t>& offs = c.holdout_offsets;
+  Holdout& h = c.holdout;
+  h.windows = int(offs.size());
+  for (int t = 0; t < (h.windows > 0 ? T : 0); ++t) h.positions.push_back(t);
+  h.q.assign(L * h.windows * T * nq, 0.f);
+  h.k.assign(L * h.windows * T * nkv, 0.f);
+  h.v.assign(L * h.windows * T * nkv, 0.f);
+  HoldoutObserver hob(h, in.shape, T);
+  for (size_t w0 = 0; w0 < offs.size(); w0 += size_t(batch_size)) {
+    size_t n = std::min(size_t(batch_size), offs.size() - w0);
+    at::Tensor ids = window_tensor(in, offs, w0, n);
+    h.ids.insert(h.ids.end(), ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n * T);
+    hob.first_window = int(w0);
+    Model::ForwardOptions fo;
+    fo.observer = &hob;
+    fo.logits = false;
+    in.model.forward(ids, fo);
+  }
+}
+
+void run_windows(const Inputs& in, const CaptureOptions& o, CalibFile& c,
+                 const std::function<void(int64_t w0, int64_t n, Picks& picks)>& pick,
+                 const std::function<void()>& checkpoint, bool quiet, int64_t kill_after) {
+  const int T = in.plan.seq_len;
+  CalibObserver obs(c.moments, c.reservoir, in.shape);
+  const int64_t n_win = int64_t(c.calib_offsets.size());
+  Progress prog("calib-capture", n_win, "tok", quiet);
+  int64_t tokens_done = 0;
+  int64_t last_ckpt = c.windows_done;
+  while (c.windows_done < n_win) {
+    const int64_t w0 = c.windows_done;
+    const int64_t n = std::min<int64_t>(o.batch_size - (w0 % o.batch_size), n_win - w0);
+    at::Tensor ids = window_tensor(in, c.calib_offsets, size_t(w0), size_t(n));
+    obs.picks.clear();
+    pick(w0, n, obs.picks);
+    Model::ForwardOptions fo;
+    fo.observer = &obs;
+    fo.logits = false;
+    in.model.forward(ids, fo);
+    c.windows_done += n;
+    tokens_done += n * T;
+    prog.update(c.windows_done, tokens_done);
+    if (o.checkpoint_every > 0 && c.windows_done < n_win && c.windows_done - last_ckpt >= o.checkpoint_every) {
+      checkpoint();
+      last_ckpt = c.windows_done;
+      spdlog::debug("checkpoint at window {}", c.windows_done);
+    }
+    if (kill_after >= 0 && c.windows_done >= kill_after) std::raise(SIGKILL);
+  }
+  prog.finish();
+}
+
+int64_t test_kill_after(int rank) {
+  const char* k = std::getenv("KVQ_TEST_KILL_AFTER_WINDOWS");
+  const char* r = std::getenv("KVQ_TEST_KILL_RANK");
+  if (!k || (r && std::atoi(r) != rank)) return -1;
+  return std::atoll(k);
+}
+
+}  // namespace capture_detail
+
+CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
+  using namespace capture_detail;
+  if (ranks && ranks->active()) return run_sharded(o, *ranks);
+
+  std::unique_ptr<Inputs> in = prepare(o);
+  const MomentShape& shape = in->shape;
+  const std::vector<int64_t>& offsets = in->offsets;
+  const CalibProvenance& prov = in->prov;
+  const size_t d = size_t(shape.head_dim), L = size_t(shape.n_layers);
+  const size_t nq = size_t(shape.n_heads) * d, nkv = size_t(shape.n_kv_heads) * d;
 
   CalibFile c;
   bool resumed = false;
@@ -180,32 +263,14 @@ CalibFile run_capture(const CaptureOptions& o) {
     c.prov = prov;
     c.moments = Moments(shape);
     c.calib_offsets = offsets;
-    c.holdout_offsets = plan.holdout;
+    c.holdout_offsets = in->plan.holdout;
     c.reservoir.capacity = o.reservoir_tokens;
-    Rng seed_rng(o.seed ^ 0x7265736572766f69ULL);  // reservoir stream independent of the window draw
+    Rng seed_rng(o.seed ^ kReservoirStream);
     seed_rng.get_state(c.reservoir.rng_state.data());
     c.reservoir.q.assign(size_t(o.reservoir_tokens) * L * nq, 0.f);
     c.reservoir.k.assign(size_t(o.reservoir_tokens) * L * nkv, 0.f);
     c.reservoir.v.assign(size_t(o.reservoir_tokens) * L * nkv, 0.f);
-
-    // Held-out windows first: whole q/k/v, never in the statistics.
-    Holdout& h = c.holdout;
-    h.windows = int(plan.holdout.size());
-    for (int t = 0; t < (h.windows > 0 ? T : 0); ++t) h.positions.push_back(t);
-    h.q.assign(L * h.windows * T * nq, 0.f);
-    h.k.assign(L * h.windows * T * nkv, 0.f);
-    h.v.assign(L * h.windows * T * nkv, 0.f);
-    HoldoutObserver hob(h, shape, T);
-    for (size_t w0 = 0; w0 < plan.holdout.size(); w0 += size_t(o.batch_size)) {
-      size_t n = std::min(size_t(o.batch_size), plan.holdout.size() - w0);
-      at::Tensor ids = window_tensor(plan.holdout, w0, n);
-      h.ids.insert(h.ids.end(), ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n * T);
-      hob.first_window = int(w0);
-      Model::ForwardOptions fo;
-      fo.observer = &hob;
-      fo.logits = false;
-      model.forward(ids, fo);
-    }
+    capture_holdout(*in, o.batch_size, c);  // held-out windows first
   }
   // The reservoir payload was sized to capacity; trim to the filled rows only when writing.
   Reservoir& rv = c.reservoir;
@@ -231,20 +296,8 @@ CalibFile run_capture(const CaptureOptions& o) {
     write_calib(path, out);
   };
 
-  const char* kill_env = std::getenv("KVQ_TEST_KILL_AFTER_WINDOWS");  // tests: a real SIGKILL mid-run
-  const int64_t kill_after = kill_env ? std::atoll(kill_env) : -1;
-
-  CalibObserver obs(c.moments, rv, shape);
-  const int64_t n_win = int64_t(offsets.size());
-  Progress prog("calib-capture", n_win, "tok", o.quiet);
-  int64_t tokens_done = 0;
-  int64_t last_ckpt = c.windows_done;
-  while (c.windows_done < n_win) {
-    // Batches start at multiples of batch_size, so a resumed run reduces the same batches.
-    const int64_t w0 = c.windows_done;
-    const int64_t n = std::min<int64_t>(o.batch_size - (w0 % o.batch_size), n_win - w0);
-    at::Tensor ids = window_tensor(offsets, size_t(w0), size_t(n));
-    obs.picks.clear();
+  const int T = o.seq_len;
+  auto pick = [&](int64_t w0, int64_t n, Picks& picks) {
     for (int64_t r = 0; r < n * T; ++r) {  // Algorithm R, tokens in window order
       const int64_t seen = ++rv.seen;
       int64_t slot = -1;
@@ -254,27 +307,14 @@ CalibFile run_capture(const CaptureOptions& o) {
         if (j < uint64_t(rv.capacity)) slot = int64_t(j);
       }
       if (slot < 0) continue;
-      obs.picks.emplace_back(slot, r);
+      picks.emplace_back(slot, r);
       rv.source[size_t(slot) * 2] = w0 + r / T;  // index into this file's calib_offsets
       rv.source[size_t(slot) * 2 + 1] = r % T;
     }
-    Model::ForwardOptions fo;
-    fo.observer = &obs;
-    fo.logits = false;
-    model.forward(ids, fo);
-    c.windows_done += n;
-    tokens_done += n * T;
-    prog.update(c.windows_done, tokens_done);
-    if (o.checkpoint_every > 0 && c.windows_done < n_win && c.windows_done - last_ckpt >= o.checkpoint_every) {
-      snapshot(o.out);
-      last_ckpt = c.windows_done;
-      spdlog::debug("checkpoint at window {}", c.windows_done);
-    }
-    if (kill_after >= 0 && c.windows_done >= kill_after) std::raise(SIGKILL);
-  }
-  prog.finish();
+  };
+  run_windows(*in, o, c, pick, [&] { snapshot(o.out); }, o.quiet, test_kill_after(0));
   snapshot(o.out);
-  spdlog::info("wrote {} ({} calibration windows, {} held out, {} reservoir tokens)", o.out, n_win,
+  spdlog::info("wrote {} ({} calibration windows, {} held out, {} reservoir tokens)", o.out, offsets.size(),
                c.holdout.windows, filled);
   return read_calib(o.out, false);
 }

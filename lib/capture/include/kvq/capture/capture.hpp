@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/capture/ranks.hpp"
 #include "kvq/io/calib_file.hpp"
 
 namespace kvq {
@@ -30,7 +31,11 @@ struct CaptureOptions {
 };
 
 // Runs the capture and writes opts.out atomically (and checkpoints). Returns the final file.
-CalibFile run_capture(const CaptureOptions& opts);
+// With `ranks` active (under mpirun) the windows are sharded over the ranks: every rank checks that
+// its inputs match rank 0's, captures its share (checkpoints in `<out>.rank<k>.partial`), and rank 0
+// adds the sums in rank order and writes the one file; ranks other than 0 return an empty file.
+// Layout of a sharded run: schemas/calibration-file.md.
+CalibFile run_capture(const CaptureOptions& opts, Ranks* ranks = nullptr);
 
 // Exact merge of two calibration files of the same model and convention over disjoint windows.
 // Refuses (kvq::Error naming the field) anything that does not match.
