@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Seed corpora for the fuzz targets, from the committed golden/demo files and ../shared models,
-plus a few tiny well-formed inputs (a fuzzer finds deep paths faster from small valid files).
+"""Seed corpora for the fuzz targets, from the committed golden/demo files, tests/fuzz/seeds/ and
+../shared models, plus a few tiny well-formed inputs (a fuzzer finds deep paths faster from small
+valid files).
 Usage: make_seeds.py <repo root> <shared dir> <out dir>; writes <out>/<target>/*."""
 import json, os, shutil, struct, sys
 
@@ -13,9 +14,16 @@ def copy(target, src):
 
 golden = os.path.join(root, "data", "golden")
 demo = os.path.join(root, "data", "kvq-demo-llama")
+# HDF5: the golden allocation files, but not the 1.1 MB golden calibration file (fuzz_calib ran at a
+# quarter of the speed from it); tests/fuzz/seeds/ holds tiny calibration/allocation files of the
+# same layout instead (tests/fuzz/make-tiny-h5-seeds).
 for f in sorted(os.listdir(golden)):
-    if f.endswith(".kvqcal.h5"): copy("calib", os.path.join(golden, f))
     if f.endswith(".kvqalloc.h5"): copy("alloc", os.path.join(golden, f))
+tiny = os.path.join(root, "tests", "fuzz", "seeds")
+for target in ("calib", "alloc"):
+    d = os.path.join(tiny, target)
+    for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+        copy(target, os.path.join(d, f))
 
 # safetensors: the demo model's real header with a tiny data section re-laid out, plus small files.
 def st(tensors, meta=None):

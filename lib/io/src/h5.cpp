@@ -85,6 +85,32 @@ static H5::Attribute open_attr(const std::string& file, const H5::H5Object& o, c
   return o.openAttribute(name);
 }
 
+// libhdf5 trusts a file's datatype fields when it converts numbers: a corrupt precision (fuzzing
+// found 32832 bits in an 8-byte integer) makes it read past its own buffer. kvq writes plain 1-8
+// byte numbers, so the fields must lie inside the element.
+static void check_number_type(const std::string& file, const std::string& where, hid_t type) {
+  const size_t size = H5Tget_size(type), bits = 8 * size, prec = H5Tget_precision(type);
+  const int off = H5Tget_offset(type);
+  bool ok = size >= 1 && size <= 8 && prec >= 1 && off >= 0 && size_t(off) + prec <= bits;
+  if (ok && H5Tget_class(type) == H5T_FLOAT) {
+    size_t spos, epos, esize, mpos, msize;
+    ok = H5Tget_fields(type, &spos, &epos, &esize, &mpos, &msize) >= 0 && spos < bits && esize >= 1 &&
+         msize >= 1 && epos + esize <= bits && mpos + msize <= bits;
+  }
+  if (!ok)
+    throw Error(file, where,
+                "element type is not a plain number (" + std::to_string(size) + " bytes, " +
+                    std::to_string(prec) + "-bit precision at bit " + std::to_string(off) + ")");
+}
+
+// A numeric attribute is read into one variable: more than one element would overflow it.
+static void check_scalar_number(const std::string& file, const std::string& where, const H5::Attribute& a) {
+  const hssize_t n = a.getSpace().getSimpleExtentNpoints();
+  if (n != 1) throw Error(file, where, "holds " + std::to_string(n) + " values, expected one");
+  H5::DataType t = a.getDataType();
+  check_number_type(file, where, t.getId());
+}
+
 std::string read_attr_str(const std::string& file, const H5::H5Object& o, const std::string& name) {
   try {
     auto a = open_attr(file, o, name);
@@ -105,6 +131,7 @@ int64_t read_attr_i64(const std::string& file, const H5::H5Object& o, const std:
   try {
     auto a = open_attr(file, o, name);
     if (a.getTypeClass() != H5T_INTEGER) throw Error(file, path_of(o) + "@" + name, "not an integer");
+    check_scalar_number(file, path_of(o) + "@" + name, a);
     int64_t v;
     a.read(H5::PredType::NATIVE_INT64, &v);
     return v;
@@ -117,6 +144,7 @@ double read_attr_f64(const std::string& file, const H5::H5Object& o, const std::
   try {
     auto a = open_attr(file, o, name);
     if (a.getTypeClass() != H5T_FLOAT) throw Error(file, path_of(o) + "@" + name, "not a float");
+    check_scalar_number(file, path_of(o) + "@" + name, a);
     double v;
     a.read(H5::PredType::NATIVE_DOUBLE, &v);
     return v;
@@ -196,21 +224,34 @@ static std::vector<T> read_impl(const std::string& file, const H5::Group& g, con
   auto dims = shape_of(file, g, name);
   if (dims != expect)
     throw Error(file, where, "shape " + dims_str(dims) + " but the header implies " + dims_str(expect));
-  size_t n = 1;
-  for (auto x : dims) n *= x;
   try {
     auto ds = g.openDataSet(name);
     if (ds.getTypeClass() != cls) throw Error(file, where, "wrong element type");
     // HDF5 sizes its own conversion and chunk buffers from the file's datatype and layout, before
     // any data is read: a corrupt element size or chunk shape makes it allocate gigabytes. kvq
     // writes plain numbers, contiguous (or compact), so anything else is rejected up front.
-    const size_t esize = ds.getDataType().getSize();
-    if (esize == 0 || esize > 8)
-      throw Error(file, where, "element size " + std::to_string(esize) + " bytes is not a plain number");
+    H5::DataType type = ds.getDataType();
+    check_number_type(file, where, type.getId());
+    const size_t esize = type.getSize();
     const H5D_layout_t layout = ds.getCreatePlist().getLayout();
     if (layout != H5D_CONTIGUOUS && layout != H5D_COMPACT)
       throw Error(file, where, "storage layout is not contiguous (not written by kvq, or corrupt)");
-    // Storage smaller than the shape needs means the file lies about its size (truncation/corruption).
+    // Validate before allocating: the shape comes from the file, and a corrupt dataspace claimed
+    // 2^50 elements (found by fuzzing). kvq writes every element, so the stored bytes must cover
+    // the shape, and they cannot exceed the file.
+    size_t n = 1, need = esize;
+    bool overflow = false;
+    for (auto x : dims) overflow |= __builtin_mul_overflow(n, size_t(x), &n);
+    overflow |= __builtin_mul_overflow(n, esize, &need);
+    hsize_t file_bytes = 0;
+    const hid_t fid = H5Iget_file_id(ds.getId());
+    if (fid < 0 || H5Fget_filesize(fid, &file_bytes) < 0) file_bytes = 0;
+    if (fid >= 0) H5Fclose(fid);
+    const hsize_t stored = ds.getStorageSize();
+    if (overflow || (n > 0 && (stored < need || stored > file_bytes)))
+      throw Error(file, where,
+                  "shape " + dims_str(dims) + " needs " + (overflow ? "more than 2^64" : std::to_string(need)) +
+                      " bytes but the file stores " + std::to_string(stored) + " (truncated or corrupt)");
     std::vector<T> out(n);
     if (n > 0) ds.read(out.data(), mem_type);
     return out;

@@ -1,8 +1,5 @@
 #include "safetensors.hpp"
 
-#include <ATen/Parallel.h>
-#include <c10/util/Half.h>
-
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -30,6 +27,27 @@ uint64_t read_u64_le(const uint8_t* p) {
   uint64_t v = 0;
   for (int i = 7; i >= 0; --i) v = (v << 8) | p[i];
   return v;
+}
+
+// IEEE binary16 -> binary32, bit-identical to c10::detail::fp16_ieee_to_fp32_value for all 65536
+// inputs (checked when it replaced it): exact, subnormals normalised, NaN payload kept but quieted.
+float fp16_to_f32(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1F, mant = h & 0x3FF, bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13) | (mant ? 0x00400000u : 0);  // NaNs come out quiet
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);
+  } else if (mant == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    exp = 113;
+    while (!(mant & 0x400)) { mant <<= 1; --exp; }
+    bits = sign | (exp << 23) | ((mant & 0x3FF) << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
 }
 
 float bf16_to_f32(uint16_t h) {
@@ -124,26 +142,23 @@ void SafetensorsFile::check(const std::string& name, const std::vector<int64_t>&
                     " expected from the config");
 }
 
-at::Tensor SafetensorsFile::load_f32(const std::string& name, const std::vector<int64_t>& shape) const {
-  check(name, shape);
-  const StTensorInfo& t = *find(name);
-  at::Tensor out = at::empty(shape, at::kFloat);
-  float* dst = out.data_ptr<float>();
-  const uint8_t* src = data_ + t.begin;
-  const int64_t n = out.numel();
-  if (t.dtype == "F32") {
+void SafetensorsFile::read_f32(const std::string& name, int64_t begin, int64_t end, float* dst) const {
+  const StTensorInfo* t = find(name);
+  KVQ_ASSERT(t != nullptr && (t->dtype == "F32" || t->dtype == "F16" || t->dtype == "BF16"));
+  const uint64_t esize = t->dtype == "F32" ? 4 : 2;
+  KVQ_ASSERT(0 <= begin && begin <= end && uint64_t(end) * esize <= t->end - t->begin);
+  const uint8_t* src = data_ + t->begin + uint64_t(begin) * esize;
+  const int64_t n = end - begin;
+  if (esize == 4) {
     std::memcpy(dst, src, static_cast<size_t>(n) * 4);  // memcpy: the data need not be aligned
-    return out;
+    return;
   }
-  const bool bf16 = t.dtype == "BF16";
-  at::parallel_for(0, n, 1 << 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      uint16_t h;
-      std::memcpy(&h, src + 2 * i, 2);
-      dst[i] = bf16 ? bf16_to_f32(h) : c10::detail::fp16_ieee_to_fp32_value(h);
-    }
-  });
-  return out;
+  const bool bf16 = t->dtype == "BF16";
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t h;
+    std::memcpy(&h, src + 2 * i, 2);
+    dst[i] = bf16 ? bf16_to_f32(h) : fp16_to_f32(h);
+  }
 }
 
 }  // namespace kvq::detail

@@ -1,9 +1,8 @@
 #pragma once
 // Safetensors reader: 8-byte little-endian header length, JSON header, raw data. The whole header
 // is validated on open (length against file size, every tensor's dtype, shape and data_offsets), so
-// loading a tensor afterwards cannot read outside the file.
-#include <ATen/ATen.h>
-
+// loading a tensor afterwards cannot read outside the file. Torch-free, so the fuzz targets build
+// it without LibTorch; load_f32, the one function making an at::Tensor, is safetensors_load.cpp.
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -11,6 +10,10 @@
 #include <vector>
 
 #include "mapped_file.hpp"
+
+namespace at {
+class Tensor;  // complete wherever load_f32 is called (weights.hpp includes ATen)
+}
 
 namespace kvq::detail {
 
@@ -31,7 +34,11 @@ class SafetensorsFile {
   // Checks that `name` exists, has a loadable float dtype (F32/F16/BF16) and the expected shape;
   // throws kvq::Error naming this file, the tensor and what was found.
   void check(const std::string& name, const std::vector<int64_t>& shape) const;
-  // check() then a new fp32 tensor with the converted contents.
+  // Elements [begin, end) of tensor `name`, converted to fp32, into dst[0, end - begin). The tensor
+  // must have passed check() (a float dtype) and the range must lie inside it: anything else is a
+  // caller bug (KVQ_ASSERT), not bad input. The ranges let load_f32 convert in parallel.
+  void read_f32(const std::string& name, int64_t begin, int64_t end, float* dst) const;
+  // check() then a new fp32 tensor with the converted contents (safetensors_load.cpp, LibTorch).
   at::Tensor load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
  private:
