@@ -3,11 +3,9 @@
 // writes the one file. MPI itself stays behind Ranks (mpi_shard.cpp). Layout and rules:
 // schemas/calibration-file.md, "Sharded capture".
 #include <spdlog/spdlog.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <array>
-#include <csignal>
 #include <filesystem>
 #include <sstream>
 
@@ -153,36 +151,11 @@ std::vector<size_t> slots_of(const ReservoirPlan& plan, int64_t begin, int64_t e
   return s;
 }
 
-// mpirun stops a job (a rank died, MPI_Abort, Ctrl-C) with SIGTERM before SIGKILL: a rank that is
-// writing then removes the temporary write_atomically would otherwise leave (`<path>.tmp.<pid>`).
-volatile std::sig_atomic_t g_writing = 0;
-char g_temporary[4096];
-
-extern "C" void remove_temporary_and_die(int sig) {
-  if (g_writing) ::unlink(g_temporary);
-  std::signal(sig, SIG_DFL);
-  std::raise(sig);
-}
-
-void write_calib_stoppable(const std::string& path, const CalibFile& c) {
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  if (tmp.size() >= sizeof(g_temporary)) return write_calib(path, c);
-  std::copy(tmp.c_str(), tmp.c_str() + tmp.size() + 1, g_temporary);
-  g_writing = 1;
-  try {
-    write_calib(path, c);
-  } catch (...) {
-    g_writing = 0;
-    throw;
-  }
-  g_writing = 0;
-}
-
 }  // namespace
 
 CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
-  std::signal(SIGTERM, remove_temporary_and_die);
-  std::signal(SIGINT, remove_temporary_and_die);
+  // mpirun stops a job (a rank died, MPI_Abort, Ctrl-C) with SIGTERM before SIGKILL: a rank that is
+  // writing then removes its temporary (write_atomically's signal handler, lib/util).
   const int R = ranks.rank(), N = ranks.size();
   const std::string partial = o.out + ".rank" + std::to_string(R) + ".partial";
   std::unique_ptr<Inputs> in;
@@ -253,8 +226,8 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
       c.reservoir.seen += n * T;
     };
     const int64_t done_before = c.windows_done;
-    run_windows(*in, o, c, pick, [&] { write_calib_stoppable(partial, c); }, o.quiet || R != 0, test_kill_after(R));
-    if (o.checkpoint_every > 0 && c.windows_done > done_before) write_calib_stoppable(partial, c);  // a finished share
+    run_windows(*in, o, c, pick, [&] { write_calib(partial, c); }, o.quiet || R != 0, test_kill_after(R));
+    if (o.checkpoint_every > 0 && c.windows_done > done_before) write_calib(partial, c);  // a finished share
 
     // Rank 0 adds the shares in rank order (not MPI_Reduce: its order is the library's), so the
     // sums do not depend on timing, and places each rank's reservoir rows in their slots.
@@ -310,7 +283,7 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
         ranks.recv(r, part.v.data(), part.v.size() * sizeof(float));
         place(slots, part);
       }
-      write_calib_stoppable(o.out, f);
+      write_calib(o.out, f);
       spdlog::info("wrote {} ({} calibration windows on {} ranks, {} held out, {} reservoir tokens)", o.out, n_all,
                    N, f.holdout.windows, rv.size());
     }

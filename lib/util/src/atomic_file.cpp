@@ -3,10 +3,13 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "kvq/util/error.hpp"
@@ -21,8 +24,69 @@ static void fsync_path(const std::string& p) {
   }
 }
 
+// Temporaries being written, removed by the handler when SIGINT / SIGTERM / SIGHUP ends the process
+// mid-write (Ctrl-C, `kill`, mpirun stopping a job), so no `<path>.tmp.<pid>` is left behind. The
+// handler only reads fixed buffers and calls unlink/signal/raise (async-signal-safe); a slot is
+// published by setting `used` after its path is complete.
+namespace {
+constexpr int kSlots = 8;
+struct Slot {
+  std::atomic<int> used{0};
+  char path[4096];
+};
+Slot g_slots[kSlots];
+std::mutex g_slots_mu;
+
+extern "C" void kvq_remove_temporaries_and_die(int sig) {
+  for (auto& s : g_slots)
+    if (s.used.load()) ::unlink(s.path);
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
+
+void install_handlers_once() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+      struct sigaction old {};
+      if (::sigaction(sig, nullptr, &old) != 0) continue;
+      // Leave a handler someone else installed (or an ignored signal) alone.
+      if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) continue;
+      std::signal(sig, kvq_remove_temporaries_and_die);
+    }
+  });
+}
+
+// Registers `tmp` for removal on a fatal signal while alive; no-op when every slot is taken or the
+// path is too long (the temporary is then only removed on exceptions, as before).
+class TemporaryGuard {
+ public:
+  explicit TemporaryGuard(const std::string& tmp) {
+    install_handlers_once();
+    if (tmp.size() >= sizeof(Slot::path)) return;
+    std::lock_guard<std::mutex> lock(g_slots_mu);
+    for (int i = 0; i < kSlots; ++i)
+      if (!g_slots[i].used.load()) {
+        std::memcpy(g_slots[i].path, tmp.c_str(), tmp.size() + 1);
+        g_slots[i].used.store(1);
+        slot_ = i;
+        return;
+      }
+  }
+  ~TemporaryGuard() {
+    if (slot_ >= 0) g_slots[slot_].used.store(0);
+  }
+  TemporaryGuard(const TemporaryGuard&) = delete;
+  TemporaryGuard& operator=(const TemporaryGuard&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+}  // namespace
+
 void write_atomically(const std::string& path, const std::function<void(const std::string&)>& writer) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  TemporaryGuard guard(tmp);
   try {
     writer(tmp);
   } catch (...) {
