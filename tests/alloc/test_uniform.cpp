@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <set>
+#include <tuple>
 
 #include "kvq/alloc/uniform.hpp"
 #include "kvq/util/error.hpp"
@@ -48,6 +49,43 @@ TEST(Uniform, BadWidthsThrow) {
     }
   }
   EXPECT_THROW(allocate_uniform(Shape{0, 1, 8}, Side::kK, 2.0), Error);
+}
+
+TEST(Baselines, WholeBitsPerSideAndTheFieldOfAFractionalOne) {
+  const Shape shape{2, 3, 16};
+  auto u = baseline_heads("uniform", shape, 3, 2, "a.kvqalloc.h5");
+  ASSERT_EQ(u.size(), 12u);  // K heads (layer-major), then V heads
+  for (size_t i = 0; i < u.size(); ++i) {
+    const HeadDecision& h = u[i];
+    EXPECT_EQ(h.side, i < 6 ? Side::kK : Side::kV);
+    EXPECT_EQ(h.layer, int(i % 6) / 3);
+    EXPECT_EQ(h.kv_head, int(i % 3));
+    ASSERT_EQ(h.kind, CodingKind::kTqGroups);
+    ASSERT_EQ(h.groups.size(), 1u);
+    EXPECT_EQ(h.groups[0].bits, i < 6 ? 3 : 2);
+    EXPECT_EQ(h.groups[0].dims.size(), 16u);
+    EXPECT_EQ(h.groups[0].rotation_seed, derive_seed(42, h.layer, h.kv_head, h.side, uint64_t(h.groups[0].bits)));
+  }
+  auto k = baseline_heads("kivi", shape, 2, 4, "a.kvqalloc.h5");
+  ASSERT_EQ(k.size(), 12u);
+  for (size_t i = 0; i < k.size(); ++i) {
+    EXPECT_EQ(k[i].kind, CodingKind::kKivi);
+    EXPECT_EQ(k[i].bits, i < 6 ? 2 : 4);
+    EXPECT_EQ(k[i].group_size, 32);
+  }
+  for (auto [kb, vb, field] : {std::make_tuple(1.5, 2.0, "budget.k_bpd_nominal"),
+                               std::make_tuple(2.0, 9.0, "budget.v_bpd_nominal"),
+                               std::make_tuple(0.0, 2.0, "budget.k_bpd_nominal")}) {
+    try {
+      baseline_heads("uniform", shape, kb, vb, "a.kvqalloc.h5");
+      ADD_FAILURE() << kb << " " << vb;
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("a.kvqalloc.h5"), std::string::npos) << m;
+      EXPECT_NE(m.find(field), std::string::npos) << m;
+    }
+  }
+  EXPECT_THROW(baseline_heads("gptq", shape, 2, 2, "a.kvqalloc.h5"), Error);
 }
 
 TEST(Methods, NamesRoundTripAndUnknownListsValid) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "internal.hpp"
+#include "kvq/util/error.hpp"
 
 namespace kvq::alloc {
 
@@ -45,6 +46,34 @@ Allocation allocate_uniform(const Shape& shape, Side side, double bits_per_dim,
   summarize_bits(out.heads, d, opt.overhead, &s);
   s.params = {{"bits", num(bits)}, {"post_rope", opt.post_rope ? "1" : "0"},
               {"seed", num(static_cast<unsigned long long>(opt.seed))}};
+  return out;
+}
+
+std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& shape, double k_bpd, double v_bpd,
+                                         const std::string& source) {
+  if (kind != "uniform" && kind != "kivi") throw Error(source, "--baseline", "unknown baseline '" + kind + "'");
+  std::vector<HeadDecision> out;
+  for (auto [side, bpd] : {std::make_pair(Side::kK, k_bpd), std::make_pair(Side::kV, v_bpd)}) {
+    if (!(bpd >= 1 && bpd <= 8 && bpd == std::floor(bpd)))
+      throw Error(source, side == Side::kK ? "budget.k_bpd_nominal" : "budget.v_bpd_nominal",
+                  "the " + kind + " baseline needs whole bits in 1..8, the allocation has " + num(bpd) +
+                      " (pass --baseline-k-bpd / --baseline-v-bpd)");
+    if (kind == "uniform") {
+      Allocation a = allocate_uniform(shape, side, bpd);
+      out.insert(out.end(), a.heads.begin(), a.heads.end());
+      continue;
+    }
+    for (int i = 0; i < shape.n_heads(); ++i) {
+      HeadDecision h;
+      h.layer = shape.layer_of(i);
+      h.kv_head = shape.head_of(i);
+      h.side = side;
+      h.kind = CodingKind::kKivi;
+      h.bits = static_cast<int>(bpd);
+      h.group_size = 32;
+      out.push_back(std::move(h));
+    }
+  }
   return out;
 }
 

@@ -26,23 +26,6 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// The uniform TQ-MSE baseline of kvq-verify: whole-vector groups, rotation seeds derive_seed(42, ...).
-std::vector<HeadDecision> uniform_heads(const ModelConfig& cfg, double k_bpd, double v_bpd, const std::string& alloc) {
-  std::vector<HeadDecision> out;
-  const alloc::Shape shape{cfg.n_layers, cfg.n_kv_heads, cfg.head_dim};
-  for (auto [side, bpd] : {std::make_pair(Side::kK, k_bpd), std::make_pair(Side::kV, v_bpd)}) {
-    if (!(bpd >= 1 && bpd <= 8 && bpd == std::floor(bpd)))
-      throw Error(alloc, side == Side::kK ? "budget.k_bpd_nominal" : "budget.v_bpd_nominal",
-                  "the uniform baseline needs whole bits in 1..8, the allocation has " + std::to_string(bpd) +
-                      " (pass --baseline-k-bpd / --baseline-v-bpd, or --baseline none)");
-    alloc::UniformOptions uo;
-    uo.seed = 42;
-    auto a = alloc::allocate_uniform(shape, side, bpd, uo);
-    out.insert(out.end(), a.heads.begin(), a.heads.end());
-  }
-  return out;
-}
-
 }  // namespace
 
 EvalReport run_eval(const EvalOptions& o) {
@@ -142,7 +125,9 @@ EvalReport run_eval(const EvalOptions& o) {
   if (o.baseline == "uniform") {
     kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
     vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
-    base_coder = std::make_unique<KvCoder>(cfg, uniform_heads(cfg, kb, vb, o.alloc), "uniform baseline");
+    const alloc::Shape shape{cfg.n_layers, cfg.n_kv_heads, cfg.head_dim};
+    base_coder = std::make_unique<KvCoder>(cfg, alloc::baseline_heads("uniform", shape, kb, vb, o.alloc),
+                                           "uniform baseline");
   }
 
   EvalRow fp;

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "kvq/alloc/common.hpp"
+#include "kvq/alloc/uniform.hpp"
 #include "kvq/codec/attention.hpp"
 #include "kvq/codec/codec.hpp"
 #include "kvq/io/alloc_file.hpp"
@@ -216,39 +217,6 @@ double side_bpd(const std::vector<HeadDecision>& heads, Side s, int d) {
   return n ? sum / n : 0;
 }
 
-std::vector<HeadDecision> baseline_heads(const std::string& kind, const CalibProvenance& p, double k_bpd,
-                                         double v_bpd, const std::string& alloc_path) {
-  std::vector<HeadDecision> out;
-  for (auto [side, bpd] : {std::make_pair(Side::kK, k_bpd), std::make_pair(Side::kV, v_bpd)}) {
-    if (bpd != std::floor(bpd) || bpd < 1 || bpd > 8)
-      throw Error(alloc_path, side == Side::kK ? "budget.k_bpd_nominal" : "budget.v_bpd_nominal",
-                  "the " + kind + " baseline needs whole bits in 1..8, the allocation has " + std::to_string(bpd) +
-                      " (pass --baseline-k-bpd / --baseline-v-bpd)");
-    for (int l = 0; l < p.n_layers; ++l)
-      for (int h = 0; h < p.n_kv_heads; ++h) {
-        HeadDecision d;
-        d.layer = l;
-        d.kv_head = h;
-        d.side = side;
-        if (kind == "kivi") {
-          d.kind = CodingKind::kKivi;
-          d.bits = int(bpd);
-          d.group_size = 32;
-        } else {
-          d.kind = CodingKind::kTqGroups;
-          TqGroup g;
-          g.bits = int(bpd);
-          g.dims.resize(size_t(p.head_dim));
-          std::iota(g.dims.begin(), g.dims.end(), 0);
-          g.rotation_seed = alloc::derive_seed(42, l, h, side, uint64_t(g.bits));
-          d.groups.push_back(g);
-        }
-        out.push_back(d);
-      }
-  }
-  return out;
-}
-
 nlohmann::json metrics_json(const Metrics& m) {
   return {{"logit_mae", m.logit_mae}, {"kl", m.kl},         {"top10", m.top10},
           {"nmse_k", m.nmse_k},       {"nmse_v", m.nmse_v}, {"out_rel_err", m.out_rel_err}};
@@ -292,7 +260,8 @@ VerifyReport run_verify(const VerifyOptions& o) {
   r.alloc.v_bpd_effective = side_bpd(a.heads, Side::kV, d);
   const double kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
   const double vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
-  auto base = baseline_heads(o.baseline, c.prov, kb, vb, o.alloc);
+  const alloc::Shape shape{c.prov.n_layers, c.prov.n_kv_heads, c.prov.head_dim};
+  auto base = alloc::baseline_heads(o.baseline, shape, kb, vb, o.alloc);
   r.baseline = evaluate(c, base, o.baseline, nullptr);
   r.baseline.k_bpd_nominal = kb;
   r.baseline.v_bpd_nominal = vb;

@@ -1,6 +1,8 @@
 #pragma once
 // Uniform baseline: every head coded with TQ-MSE at one width, one group = the whole head vector.
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "kvq/alloc/common.hpp"
 
@@ -17,5 +19,12 @@ struct UniformOptions {
 // anything else throws kvq::Error naming "bits_per_dim" and the value.
 Allocation allocate_uniform(const Shape& shape, Side side, double bits_per_dim,
                             const UniformOptions& opt = {});
+
+// The baselines kvq-verify and kvq-eval compare an allocation against, at whole K and V bits:
+// "uniform" = allocate_uniform (seed 42) for each side; "kivi" = KIVI (per-channel K, per-token V,
+// groups of 32 tokens). A fractional or out-of-range width throws kvq::Error naming `source` and
+// budget.k_bpd_nominal / budget.v_bpd_nominal; an unknown kind names "--baseline".
+std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& shape, double k_bpd, double v_bpd,
+                                         const std::string& source);
 
 }  // namespace kvq::alloc
