@@ -17,6 +17,18 @@ constexpr const char* kFont = "DejaVu Sans";
 
 void set_color(cairo_t* cr, Color c) { cairo_set_source_rgba(cr, c.r, c.g, c.b, c.a); }
 
+// Strokes the current path in `c`, solid or (dash_on > 0) dashed dash_on/dash_off.
+void stroke(cairo_t* cr, Color c, double width, double dash_on = 0, double dash_off = 0) {
+  set_color(cr, c);
+  cairo_set_line_width(cr, width);
+  if (dash_on > 0) {
+    const double d[] = {dash_on, dash_off};
+    cairo_set_dash(cr, d, 2, 0);
+  }
+  cairo_stroke(cr);
+  cairo_set_dash(cr, nullptr, 0, 0);
+}
+
 void set_font(cairo_t* cr, double size, bool bold) {
   cairo_select_font_face(cr, kFont, CAIRO_FONT_SLANT_NORMAL, bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
   cairo_set_font_size(cr, size);
@@ -222,14 +234,8 @@ void Panel::line(const std::vector<double>& xs, const std::vector<double>& ys, C
     else
       cairo_line_to(cr_, px, py);
   }
-  set_color(cr_, c);
-  cairo_set_line_width(cr_, width);
   cairo_set_line_join(cr_, CAIRO_LINE_JOIN_ROUND);
-  if (dashed) {
-    const double d[] = {6, 4};
-    cairo_set_dash(cr_, d, 2, 0);
-  }
-  cairo_stroke(cr_);
+  stroke(cr_, c, width, dashed ? 6 : 0, 4);
   clip_end();
 }
 
@@ -272,13 +278,7 @@ void Panel::vline(double x, Color c, double width, bool dashed) {
   clip_begin();
   cairo_move_to(cr_, X(x), ay_);
   cairo_line_to(cr_, X(x), ay_ + ah_);
-  set_color(cr_, c);
-  cairo_set_line_width(cr_, width);
-  if (dashed) {
-    const double d[] = {5, 4};
-    cairo_set_dash(cr_, d, 2, 0);
-  }
-  cairo_stroke(cr_);
+  stroke(cr_, c, width, dashed ? 5 : 0, 4);
   clip_end();
 }
 
@@ -286,13 +286,7 @@ void Panel::hline(double y, Color c, double width, bool dashed) {
   clip_begin();
   cairo_move_to(cr_, ax_, Y(y));
   cairo_line_to(cr_, ax_ + aw_, Y(y));
-  set_color(cr_, c);
-  cairo_set_line_width(cr_, width);
-  if (dashed) {
-    const double d[] = {5, 4};
-    cairo_set_dash(cr_, d, 2, 0);
-  }
-  cairo_stroke(cr_);
+  stroke(cr_, c, width, dashed ? 5 : 0, 4);
   clip_end();
 }
 
