@@ -10,6 +10,7 @@
 
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
+#include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 
 using namespace kvq;
@@ -54,4 +55,8 @@ TEST(FuzzRegressions, CalibrationFilesAreRefusedNamingTheFile) {
 
 TEST(FuzzRegressions, AllocationFilesAreRefusedNamingTheFile) {
   expect_refused("alloc", [](const std::string& f) { (void)read_alloc(f); });
+}
+
+TEST(FuzzRegressions, ProvenanceJsonIsRefusedNamingTheFile) {
+  expect_refused("provenance", [](const std::string& f) { (void)provenance_from_json(f, read_file(f)); });
 }

@@ -1,5 +1,8 @@
 #include "kvq/io/calib_file.hpp"
 
+#include <limits>
+#include <type_traits>
+
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -46,6 +49,22 @@ std::string provenance_to_json(const CalibProvenance& p) {
   return j.dump(1);
 }
 
+// True when `v` is a JSON integer that `T` holds exactly. nlohmann's get<int>() would also take a
+// float and static_cast it, which is undefined behaviour out of range (found by fuzz_provenance).
+template <class T>
+static bool json_int_fits(const json& v) {
+  if (v.is_number_unsigned()) return v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max());
+  if (!v.is_number_integer()) return false;
+  const int64_t x = v.get<int64_t>();
+  if (x < 0) return std::is_signed_v<T> && x >= int64_t(std::numeric_limits<T>::min());
+  return uint64_t(x) <= uint64_t(std::numeric_limits<T>::max());
+}
+
+template <class T>
+struct is_int_vector : std::false_type {};
+template <class T>
+struct is_int_vector<std::vector<T>> : std::is_integral<T> {};
+
 CalibProvenance provenance_from_json(const std::string& file, const std::string& text) {
   json j;
   try {
@@ -56,6 +75,16 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
   CalibProvenance p;
   auto get = [&](const char* key, auto& out) {
     if (!j.contains(key)) throw Error(file, std::string("provenance.") + key, "missing");
+    using T = std::decay_t<decltype(out)>;
+    const json& v = j.at(key);
+    bool ints_ok = true;
+    if constexpr (std::is_integral_v<T>) {
+      ints_ok = json_int_fits<T>(v);
+    } else if constexpr (is_int_vector<T>::value) {
+      if (v.is_array())
+        for (const auto& e : v) ints_ok = ints_ok && json_int_fits<typename T::value_type>(e);
+    }
+    if (!ints_ok) throw Error(file, std::string("provenance.") + key, "not an integer in range: " + v.dump());
     try {
       j.at(key).get_to(out);
     } catch (const std::exception&) {
@@ -84,6 +113,9 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
     const json& files = j["corpus"];
     if (!files.is_array()) throw Error(file, "provenance.corpus", "not an array: " + files.dump());
     for (const auto& f : files) {
+      for (const char* k : {"bytes", "replaced_bytes"})
+        if (f.is_object() && f.contains(k) && !json_int_fits<int64_t>(f[k]))
+          throw Error(file, "provenance.corpus", std::string("bad entry (") + k + "): " + f.dump());
       try {  // value() throws nlohmann's type_error on a non-object entry or a mistyped field
         p.corpus.push_back({f.value("path", ""), f.value("sha256", ""), f.value("bytes", int64_t(0)),
                             f.value("replaced_bytes", int64_t(0))});
