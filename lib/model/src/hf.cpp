@@ -81,25 +81,174 @@ class ConfigReader {
   std::string path_;
 };
 
+// model_type (or, without it, the first architectures class) -> the architecture kvq computes, or a
+// one-line refusal that says why for the families whose math differs.
 std::string architecture_of(const ConfigReader& r, const json& j, const std::string& path) {
   static const std::map<std::string, std::string> by_class = {
-      {"LlamaForCausalLM", "llama"}, {"MistralForCausalLM", "mistral"}, {"Qwen2ForCausalLM", "qwen2"}};
-  const std::string supported = " (supported: llama, mistral, qwen2)";
+      {"LlamaForCausalLM", "llama"},     {"MistralForCausalLM", "mistral"},
+      {"Qwen2ForCausalLM", "qwen2"},     {"Qwen3ForCausalLM", "qwen3"},
+      {"Qwen3MoeForCausalLM", "qwen3_moe"}, {"MixtralForCausalLM", "mixtral"}};
+  static const std::map<std::string, std::string> refused = {
+      {"deepseek_v2", "multi-head latent attention (MLA): K/V are a shared latent projection, not a per-head KV cache"},
+      {"deepseek_v3", "multi-head latent attention (MLA): K/V are a shared latent projection, not a per-head KV cache"},
+      {"glm", "interleaved partial RoPE and the fused query_key_value layout are not implemented"},
+      {"glm4", "interleaved partial RoPE and the fused query_key_value layout are not implemented"},
+      {"chatglm", "interleaved partial RoPE and the fused query_key_value layout are not implemented"},
+      {"gemma", "(1 + w) RMSNorm, GeGLU MLP and scaled embeddings are not implemented"},
+      {"gemma2", "(1 + w) RMSNorm, GeGLU MLP and logit softcapping are not implemented"},
+      {"gemma3", "(1 + w) RMSNorm, GeGLU MLP, q/k norm and local/global RoPE are not implemented"},
+      {"gemma3_text", "(1 + w) RMSNorm, GeGLU MLP, q/k norm and local/global RoPE are not implemented"},
+      {"phi3", "LongRoPE scaling and the fused qkv_proj / gate_up_proj layout are not implemented"},
+      {"qwen2_moe", "shared experts with a sigmoid shared-expert gate are not implemented"}};
+  static const std::map<std::string, std::string> refused_class = {
+      {"DeepseekV2ForCausalLM", "deepseek_v2"}, {"DeepseekV3ForCausalLM", "deepseek_v3"},
+      {"GlmForCausalLM", "glm"}, {"Glm4ForCausalLM", "glm4"}, {"ChatGLMModel", "chatglm"},
+      {"ChatGLMForConditionalGeneration", "chatglm"}, {"GemmaForCausalLM", "gemma"},
+      {"Gemma2ForCausalLM", "gemma2"}, {"Gemma3ForCausalLM", "gemma3_text"},
+      {"Gemma3ForConditionalGeneration", "gemma3"}, {"Phi3ForCausalLM", "phi3"},
+      {"Qwen2MoeForCausalLM", "qwen2_moe"}};
+  const std::string supported = " (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral)";
+  auto refuse = [&](const char* field, const std::string& name, const std::string& mt) {
+    auto why = refused.find(mt);
+    if (why != refused.end())
+      throw Error(path, field, "'" + name + "' is not supported: " + why->second + supported);
+    throw Error(path, field, "unsupported architecture '" + name + "'" + supported);
+  };
   std::string mt = r.string("model_type");
   if (!mt.empty()) {
-    if (mt == "llama" || mt == "mistral" || mt == "qwen2") return mt;
-    throw Error(path, "model_type", "unsupported architecture '" + mt + "'" + supported);
+    for (const auto& kv : by_class)
+      if (kv.second == mt) return mt;
+    refuse("model_type", mt, mt);
   }
   if (r.has("architectures")) {
     const json& a = j["architectures"];
     if (a.is_array() && !a.empty() && a[0].is_string()) {
-      auto it = by_class.find(a[0].get<std::string>());
+      const std::string cls = a[0].get<std::string>();
+      auto it = by_class.find(cls);
       if (it != by_class.end()) return it->second;
-      throw Error(path, "architectures", "unsupported architecture '" + a[0].get<std::string>() + "'" + supported);
+      auto rc = refused_class.find(cls);
+      refuse("architectures", cls, rc == refused_class.end() ? "" : rc->second);
     }
     throw Error(path, "architectures", "expected a list of class names, found " + a.dump());
   }
   throw Error(path, "model_type", "missing (and no architectures list)");
+}
+
+// Per-architecture attention and MLP features, with transformers' defaults for absent keys.
+void parse_architecture_features(const ConfigReader& r, const json& j, const std::string& path, ModelConfig* c) {
+  const std::string& a = c->architecture;
+  auto int_list = [&](const char* key) {
+    std::vector<int> v;
+    if (!r.has(key)) return v;
+    const json& x = j[key];
+    if (!x.is_array()) throw Error(path, key, "expected a list of layer indices, found " + x.dump());
+    for (const json& e : x) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= c->n_layers)
+        throw Error(path, key, "expected layer indices in [0, " + std::to_string(c->n_layers) + "), found " + x.dump());
+      v.push_back(int(e.get<int64_t>()));
+    }
+    return v;
+  };
+  if (a == "llama") {
+    c->qkv_bias = c->o_bias = r.boolean("attention_bias", false);
+  } else if (a == "qwen2") {
+    c->qkv_bias = true;
+  } else if (a == "qwen3" || a == "qwen3_moe") {
+    c->qk_norm = true;
+    c->qkv_bias = c->o_bias = r.boolean("attention_bias", false);
+  }
+
+  // Sliding window. Mistral/Mixtral: every layer when `sliding_window` is non-null (MistralConfig
+  // defaults it to 4096, MixtralConfig to null). Qwen2/Qwen3: only with use_sliding_window, then in
+  // the layers `layer_types` marks "sliding_attention", or else layers >= max_window_layers
+  // (default 28); Qwen3-MoE has no max_window_layers: every layer.
+  int window = 0;
+  std::vector<uint8_t> sliding(size_t(c->n_layers), 0);
+  if (a == "mistral" || a == "mixtral") {
+    const bool present = j.contains("sliding_window");
+    if (present ? !j["sliding_window"].is_null() : a == "mistral") window = r.positive_int("sliding_window", 4096);
+    std::fill(sliding.begin(), sliding.end(), uint8_t(1));
+  } else if ((a == "qwen2" || a == "qwen3" || a == "qwen3_moe") && r.boolean("use_sliding_window", false)) {
+    window = r.positive_int("sliding_window", 4096);
+    if (r.has("layer_types")) {
+      const json& lt = j["layer_types"];
+      if (!lt.is_array() || lt.size() != size_t(c->n_layers))
+        throw Error(path, "layer_types", "expected a list of " + std::to_string(c->n_layers) + " layer types, found " + lt.dump());
+      for (size_t l = 0; l < lt.size(); ++l) {
+        const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : "";
+        if (t != "sliding_attention" && t != "full_attention")
+          throw Error(path, "layer_types[" + std::to_string(l) + "]", "expected \"sliding_attention\" or \"full_attention\", found " + lt[l].dump());
+        sliding[l] = t == "sliding_attention";
+      }
+    } else {
+      const int first = a == "qwen3_moe" ? 0 : r.positive_int("max_window_layers", 28);
+      for (int l = first; l < c->n_layers; ++l) sliding[size_t(l)] = 1;
+    }
+  }
+  c->sliding_window = window;
+  if (window > 0) {
+    c->layer_window.assign(size_t(c->n_layers), 0);
+    for (int l = 0; l < c->n_layers; ++l) c->layer_window[size_t(l)] = sliding[size_t(l)] ? window : 0;
+  }
+
+  // Mixture of experts.
+  if (a == "qwen3_moe" || a == "mixtral") {
+    const bool qm = a == "qwen3_moe";
+    const char* n_key = qm ? "num_experts" : "num_local_experts";
+    c->n_experts = r.positive_int(n_key, qm ? 128 : 8);
+    c->n_experts_per_tok = r.positive_int("num_experts_per_tok", qm ? 8 : 2);
+    if (c->n_experts_per_tok > c->n_experts)
+      throw Error(path, "num_experts_per_tok", std::to_string(c->n_experts_per_tok) + " is above " + n_key + " " +
+                                                   std::to_string(c->n_experts));
+    c->moe_intermediate_size = qm ? r.positive_int("moe_intermediate_size", 768) : c->intermediate_size;
+    c->norm_topk_prob = qm ? r.boolean("norm_topk_prob", false) : true;
+    c->layer_moe.assign(size_t(c->n_layers), 1);
+    if (qm) {
+      const int step = r.positive_int("decoder_sparse_step", 1);
+      for (int l = 0; l < c->n_layers; ++l)
+        if ((l + 1) % step != 0) c->layer_moe[size_t(l)] = 0;
+      for (int l : int_list("mlp_only_layers")) c->layer_moe[size_t(l)] = 0;
+    }
+  }
+}
+
+// MoE tensor names: Qwen3-MoE `mlp.gate` + `mlp.experts.{e}.{gate,up,down}_proj`, Mixtral
+// `block_sparse_moe.gate` + `block_sparse_moe.experts.{e}.w1/w3/w2` (w1 gate, w3 up, w2 down).
+std::string moe_prefix(const ModelConfig& c, int layer) {
+  return "model.layers." + std::to_string(layer) + (c.architecture == "mixtral" ? ".block_sparse_moe." : ".mlp.");
+}
+std::string router_name(const ModelConfig& c, int layer) { return moe_prefix(c, layer) + "gate.weight"; }
+struct ExpertNames { std::string gate, up, down; };
+ExpertNames expert_names(const ModelConfig& c, int layer, int e) {
+  const std::string p = moe_prefix(c, layer) + "experts." + std::to_string(e) + ".";
+  if (c.architecture == "mixtral") return {p + "w1.weight", p + "w3.weight", p + "w2.weight"};
+  return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
+}
+
+// The expert count of config.json against the tensors present: a missing expert or one numbered
+// past the count is a config/weights mismatch, reported as such rather than as one absent tensor.
+void check_expert_count(const ModelConfig& c, const std::string& config_path,
+                        const std::map<std::string, const SafetensorsFile*>& owner, const std::string& source) {
+  const std::string key = c.architecture == "mixtral" ? "num_local_experts" : "num_experts";
+  const std::string stated = key + " is " + std::to_string(c.n_experts);
+  for (const auto& kv : owner) {
+    const std::string& name = kv.first;
+    const size_t at = name.find(".experts.");
+    if (at == std::string::npos || name.rfind("model.layers.", 0) != 0) continue;
+    const size_t b = at + 9, e = name.find('.', b);
+    if (e == std::string::npos || e == b || name.find_first_not_of("0123456789", b) != e) continue;
+    if (e - b > 9 || std::stoll(name.substr(b, e - b)) >= c.n_experts)
+      throw Error(config_path, key, stated + " but the weights have tensor '" + name + "' (in " + kv.second->path() + ")");
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    if (!c.is_moe_layer(l)) continue;
+    for (int x = 0; x < c.n_experts; ++x) {
+      const ExpertNames n = expert_names(c, l, x);
+      for (const std::string* t : {&n.gate, &n.up, &n.down})
+        if (!owner.count(*t))
+          throw Error(config_path, key, stated + " but tensor '" + *t + "' is missing from " + source);
+    }
+  }
 }
 
 }  // namespace
@@ -148,14 +297,7 @@ ModelConfig parse_hf_config(const std::string& path) {
     throw Error(path, "rope_scaling", r.raw("rope_scaling").dump() + " is not supported");
   if (r.boolean("mlp_bias", false)) throw Error(path, "mlp_bias", "true is not supported");
 
-  if (c.architecture == "qwen2") {
-    c.qkv_bias = true;
-    if (r.boolean("use_sliding_window", false)) c.sliding_window = r.positive_int("sliding_window");
-  } else if (c.architecture == "llama") {
-    c.qkv_bias = c.o_bias = r.boolean("attention_bias", false);
-  } else if (c.architecture == "mistral") {
-    c.sliding_window = r.positive_int("sliding_window", 0);
-  }
+  parse_architecture_features(r, j, path, &c);
   return c;
 }
 
@@ -218,10 +360,25 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
     }
     wants.push_back({p + "self_attn.o_proj.weight", {D, qd}});
     if (c.o_bias) wants.push_back({p + "self_attn.o_proj.bias", {D}});
+    if (c.qk_norm) {
+      wants.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+      wants.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+    }
     wants.push_back({p + "post_attention_layernorm.weight", {D}});
-    wants.push_back({p + "mlp.gate_proj.weight", {I, D}});
-    wants.push_back({p + "mlp.up_proj.weight", {I, D}});
-    wants.push_back({p + "mlp.down_proj.weight", {D, I}});
+    if (c.is_moe_layer(l)) {
+      const int64_t E = c.n_experts, Ie = c.moe_intermediate_size;
+      wants.push_back({router_name(c, l), {E, D}});
+      for (int e = 0; e < E; ++e) {
+        const ExpertNames n = expert_names(c, l, e);
+        wants.push_back({n.gate, {Ie, D}});
+        wants.push_back({n.up, {Ie, D}});
+        wants.push_back({n.down, {D, Ie}});
+      }
+    } else {
+      wants.push_back({p + "mlp.gate_proj.weight", {I, D}});
+      wants.push_back({p + "mlp.up_proj.weight", {I, D}});
+      wants.push_back({p + "mlp.down_proj.weight", {D, I}});
+    }
   }
   wants.push_back({"model.norm.weight", {D}});
   if (!c.tie_word_embeddings) wants.push_back({"lm_head.weight", {V, D}});
@@ -233,6 +390,7 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
     return *it->second;
   };
   // Validate everything before allocating anything.
+  if (c.n_experts > 0) check_expert_count(c, config_path, owner, source);
   for (const auto& want : wants) file_of(want.name).check(want.name, want.shape);
 
   std::map<std::string, at::Tensor> t;
@@ -254,10 +412,26 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
     L.wo = t.at(p + "self_attn.o_proj.weight");
     if (c.o_bias) L.bo = t.at(p + "self_attn.o_proj.bias");
     L.ffn_norm = t.at(p + "post_attention_layernorm.weight");
-    L.w_gate_up = at::cat({t.at(p + "mlp.gate_proj.weight"), t.at(p + "mlp.up_proj.weight")}, 0);
-    L.w_down = t.at(p + "mlp.down_proj.weight");
-    for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
-                          "mlp.gate_proj.weight", "mlp.up_proj.weight"})
+    if (c.qk_norm) {
+      L.q_norm = t.at(p + "self_attn.q_norm.weight");
+      L.k_norm = t.at(p + "self_attn.k_norm.weight");
+    }
+    if (c.is_moe_layer(l)) {
+      L.router = t.at(router_name(c, l));
+      for (int e = 0; e < c.n_experts; ++e) {
+        const ExpertNames n = expert_names(c, l, e);
+        L.expert_gate_up.push_back(at::cat({t.at(n.gate), t.at(n.up)}, 0));
+        L.expert_down.push_back(t.at(n.down));
+        t.erase(n.gate);
+        t.erase(n.up);
+      }
+    } else {
+      L.w_gate_up = at::cat({t.at(p + "mlp.gate_proj.weight"), t.at(p + "mlp.up_proj.weight")}, 0);
+      L.w_down = t.at(p + "mlp.down_proj.weight");
+      t.erase(p + "mlp.gate_proj.weight");
+      t.erase(p + "mlp.up_proj.weight");
+    }
+    for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"})
       t.erase(p + n);  // the stacked copies replace them; free as we go
   }
 }

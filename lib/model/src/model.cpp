@@ -134,6 +134,7 @@ struct Workspace {
   at::Tensor h, qkv, q, k, v, attn, gate_up, act;  // per token
   at::Tensor qh, kh, vh, scores, probs, out;       // attention, per chunk of windows
   at::Tensor mask_diag;                            // [tb*G, tb] additive causal mask
+  at::Tensor moe_x, moe_gate_up, moe_act, moe_out;  // MoE: the rows routed to one expert
   int64_t batch = 0, seq = 0, chunk = 1, tb = 1;
 
   Workspace(const ModelConfig& c, int64_t B, int64_t T) : batch(B), seq(T) {
@@ -145,8 +146,19 @@ struct Workspace {
     k = f({N, Hk * d});
     v = f({N, Hk * d});
     attn = f({N, H * d});
-    gate_up = f({N, 2 * int64_t(c.intermediate_size)});
-    act = f({N, c.intermediate_size});
+    bool any_dense = false, any_moe = false;
+    for (int l = 0; l < c.n_layers; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
+    if (any_dense) {
+      gate_up = f({N, 2 * int64_t(c.intermediate_size)});
+      act = f({N, c.intermediate_size});
+    }
+    if (any_moe) {
+      // An expert sees at most every token once (top-k picks distinct experts).
+      moe_x = f({N, c.hidden_size});
+      moe_gate_up = f({N, 2 * int64_t(c.moe_intermediate_size)});
+      moe_act = f({N, c.moe_intermediate_size});
+      moe_out = f({N, c.hidden_size});
+    }
     // Query blocks of tb positions only score the keys up to their end (about half of T x T);
     // a few windows per chunk keep each block's scores cache-resident.
     tb = std::min<int64_t>(T, std::max<int64_t>(64, (T + 7) / 8));
@@ -194,10 +206,28 @@ class WorkspaceLease {
   std::shared_ptr<Workspace> ws_;
 };
 
+// Sliding-window mask of one query block: s is [n][len*G][t1 - k0] over keys k0..t1-1; row
+// r (query i = t0 + r/G) keeps keys i - W < j <= i and the rest become -inf.
+void mask_window(at::Tensor& s, int64_t t0, int64_t k0, int64_t G, int64_t W) {
+  const int64_t n = s.size(0), rows = s.size(1), cols = s.size(2);
+  float* sp = s.data_ptr<float>();
+  const float ninf = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, n * rows, std::max<int64_t>(1, 16384 / cols), [&](int64_t begin, int64_t end) {
+    for (int64_t nr = begin; nr < end; ++nr) {
+      const int64_t i = t0 + (nr % rows) / G;
+      const int64_t lo = std::max<int64_t>(0, i - W + 1 - k0), hi = std::min<int64_t>(cols, i - k0 + 1);
+      float* row = sp + nr * cols;
+      std::fill(row, row + lo, ninf);
+      std::fill(row + hi, row + cols, ninf);
+    }
+  });
+}
+
 // Causal attention of ws.q (post-RoPE, [B*T, H*d]) over ws.k, ws.v ([B*T, Hkv*d]) into ws.attn.
 // The G query heads of a KV head are stacked as extra rows (t*G + g), so K and V are never
-// repeated and each query block is a contiguous row range.
-void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c) {
+// repeated and each query block is a contiguous row range. window > 0: query i sees only keys
+// j > i - window; a block whose keys all lie inside every row's window takes the plain causal path.
+void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window) {
   const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
   const double scale = 1.0 / std::sqrt(double(d));
   const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, d});
@@ -211,15 +241,71 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c) {
     vh.view({nb, Hk, T, d}).copy_(v4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
     for (int64_t t0 = 0; t0 < T; t0 += ws.tb) {
       const int64_t len = std::min(ws.tb, T - t0), t1 = t0 + len, rows = len * G;
-      at::Tensor s = ws.scores.narrow(0, 0, n * rows * t1).view({n, rows, t1});
-      at::Tensor p = ws.probs.narrow(0, 0, n * rows * t1).view({n, rows, t1});
+      // Sliding: the block's keys start at its first query's window (t1 - 1 < W: none cut off).
+      const bool windowed = window > 0 && t1 - 1 >= window;
+      const int64_t k0 = windowed ? std::max<int64_t>(0, t0 - window + 1) : 0, nk = t1 - k0;
+      at::Tensor s = ws.scores.narrow(0, 0, n * rows * nk).view({n, rows, nk});
+      at::Tensor p = ws.probs.narrow(0, 0, n * rows * nk).view({n, rows, nk});
       at::Tensor o = ws.out.narrow(0, 0, n * rows * d).view({n, rows, d});
-      at::bmm_out(s, qh.narrow(1, t0 * G, rows), kh.narrow(1, 0, t1).transpose(1, 2));
-      s.narrow(2, t0, len).add_(ws.mask_diag.narrow(0, 0, rows).narrow(1, 0, len));
+      at::bmm_out(s, qh.narrow(1, t0 * G, rows), kh.narrow(1, k0, nk).transpose(1, 2));
+      if (windowed)
+        mask_window(s, t0, k0, G, window);
+      else
+        s.narrow(2, t0, len).add_(ws.mask_diag.narrow(0, 0, rows).narrow(1, 0, len));
       at::softmax_out(p, s, -1);
-      at::bmm_out(o, p, vh.narrow(1, 0, t1));
+      at::bmm_out(o, p, vh.narrow(1, k0, nk));
       attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, d}).permute({0, 2, 1, 3, 4}));
     }
+  }
+}
+
+// x += Σ_kept p_e · SwiGLU_e(ws.h) for the top-k experts of each token (router softmax in fp32).
+// Only chosen experts run: the tokens routed to expert e are gathered, one GEMM chain per expert,
+// scaled by their weights and added back in expert order. Top-k ties go to the lower expert index
+// (torch.topk leaves tie order unspecified; exact ties of fp32 router probabilities are rare).
+void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Tensor& x) {
+  const int64_t N = ws.h.size(0), E = c.n_experts, K = c.n_experts_per_tok, Ie = c.moe_intermediate_size;
+  const at::Tensor probs = at::softmax(at::mm(ws.h, L.router.t()), -1).contiguous();  // [N, E]
+  const float* pp = probs.data_ptr<float>();
+  std::vector<int32_t> pick(size_t(N * K));
+  std::vector<float> weight(size_t(N * K));
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    for (int64_t t = begin; t < end; ++t) {
+      const float* pr = pp + t * E;
+      for (int32_t e = 0; e < E; ++e) order[size_t(e)] = e;
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+        return pr[a] > pr[b] || (pr[a] == pr[b] && a < b);
+      });
+      float sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += pr[order[size_t(k)]];
+      for (int64_t k = 0; k < K; ++k) {
+        pick[size_t(t * K + k)] = order[size_t(k)];
+        weight[size_t(t * K + k)] = c.norm_topk_prob ? pr[order[size_t(k)]] / sum : pr[order[size_t(k)]];
+      }
+    }
+  });
+  // Tokens of each expert, in token order.
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(E));
+  std::vector<std::vector<float>> wts(static_cast<size_t>(E));
+  for (int64_t i = 0; i < N * K; ++i) {
+    rows[size_t(pick[size_t(i)])].push_back(i / K);
+    wts[size_t(pick[size_t(i)])].push_back(weight[size_t(i)]);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = int64_t(rows[size_t(e)].size());
+    if (n == 0) continue;
+    const at::Tensor idx = at::from_blob(rows[size_t(e)].data(), {n}, at::kLong);
+    const at::Tensor we = at::from_blob(wts[size_t(e)].data(), {n, 1}, at::kFloat);
+    at::Tensor xe = ws.moe_x.narrow(0, 0, n), gu = ws.moe_gate_up.narrow(0, 0, n);
+    at::Tensor act = ws.moe_act.narrow(0, 0, n), out = ws.moe_out.narrow(0, 0, n);
+    at::index_select_out(xe, ws.h, 0, idx);
+    at::mm_out(gu, xe, L.expert_gate_up[size_t(e)].t());
+    at::silu_out(act, gu.narrow(1, 0, Ie));
+    act.mul_(gu.narrow(1, Ie, Ie));
+    at::mm_out(out, act, L.expert_down[size_t(e)].t());
+    out.mul_(we);
+    x.index_add_(0, idx, out);
   }
 }
 
@@ -240,9 +326,6 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
     throw Error(path_, "ids", "token id " + std::to_string(lo < 0 ? lo : hi) + " is outside the vocabulary [0, " +
                                   std::to_string(c.vocab_size) + ")");
   if (opts.pos0 < 0) throw Error(path_, "pos0", std::to_string(opts.pos0) + " is negative");
-  if (c.sliding_window > 0 && T > c.sliding_window)
-    throw Error(path_, "sliding_window", "window of " + std::to_string(T) + " tokens exceeds the model's " +
-                                             std::to_string(c.sliding_window) + " (sliding attention is not implemented)");
 
   std::vector<int64_t> positions(T);
   for (int64_t t = 0; t < T; ++t) positions[t] = opts.pos0 + t;
@@ -263,6 +346,11 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
     ws.q.copy_(ws.qkv.narrow(1, 0, qd));
     ws.k.copy_(ws.qkv.narrow(1, qd, kvd));
     ws.v.copy_(ws.qkv.narrow(1, qd + kvd, kvd));
+    if (L.q_norm.defined()) {  // Qwen3: per-head RMSNorm before RoPE (in place: row-wise, read then write)
+      at::Tensor qr = ws.q.view({N * H, d}), kr = ws.k.view({N * Hk, d});
+      rms_norm(qr, L.q_norm, c.rms_norm_eps, qr);
+      rms_norm(kr, L.k_norm, c.rms_norm_eps, kr);
+    }
     if (opts.observer) {
       LayerCapture cap;
       cap.layer = l;
@@ -291,15 +379,19 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
     }
     rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), rope, c.pairing, false);
     rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), rope, c.pairing, false);
-    attention(ws, B, T, c);
+    attention(ws, B, T, c, c.window_of(l));
     if (L.bo.defined()) x.add_(L.bo);
     x.addmm_(ws.attn, L.wo.t());
 
     rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
-    at::mm_out(ws.gate_up, ws.h, L.w_gate_up.t());
-    at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
-    ws.act.mul_(ws.gate_up.narrow(1, I, I));
-    x.addmm_(ws.act, L.w_down.t());
+    if (L.router.defined()) {
+      moe_mlp(ws, L, c, x);
+    } else {
+      at::mm_out(ws.gate_up, ws.h, L.w_gate_up.t());
+      at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
+      ws.act.mul_(ws.gate_up.narrow(1, I, I));
+      x.addmm_(ws.act, L.w_down.t());
+    }
   }
   if (!opts.logits) return at::Tensor();
   rms_norm(x, w_->final_norm, c.rms_norm_eps, ws.h);

@@ -16,7 +16,7 @@ const char* to_string(RopePairing p);
 RopePairing rope_pairing_from_string(const std::string& s);  // throws kvq::Error
 
 struct ModelConfig {
-  std::string architecture;  // "llama", "mistral", "qwen2" (HF model_type) or "llama2c"
+  std::string architecture;  // HF model_type (llama, mistral, qwen2, qwen3, qwen3_moe, mixtral) or "llama2c"
   int hidden_size = 0;
   int n_layers = 0;
   int n_heads = 0;
@@ -32,9 +32,26 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool qkv_bias = false;  // Qwen2; Llama with attention_bias
   bool o_bias = false;    // Llama with attention_bias
-  int sliding_window = 0;  // > 0: attention window of the checkpoint; longer windows are refused
+  int sliding_window = 0;  // > 0: the checkpoint's attention window (per layer: layer_window)
   int bos_id = 1;
   int eos_id = 2;
+
+  // --- Architecture features (Qwen3 q/k norm, MoE MLP, per-layer sliding window) ---
+  // Qwen3 / Qwen3-MoE: RMSNorm over head_dim (one [head_dim] weight shared by the heads, eps
+  // rms_norm_eps) on q and k after the projection and before RoPE; captured q/k are the normed ones.
+  bool qk_norm = false;
+  // [n_layers] or empty (full causal attention everywhere). W > 0: query i sees keys j with
+  // i - W < j <= i (HF's `sliding_window`: the W most recent tokens, itself included); 0: full.
+  std::vector<int> layer_window;
+  // Mixture of experts (Qwen3-MoE, Mixtral). n_experts == 0: dense SwiGLU MLP everywhere.
+  int n_experts = 0;              // num_experts / num_local_experts
+  int n_experts_per_tok = 0;      // top-k
+  int moe_intermediate_size = 0;  // each expert's SwiGLU width (Mixtral: intermediate_size)
+  bool norm_topk_prob = false;    // renormalise the kept top-k probabilities (Mixtral: always)
+  std::vector<uint8_t> layer_moe;  // [n_layers] or empty: 1 = MoE MLP, 0 = dense (intermediate_size)
+
+  int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
+  bool is_moe_layer(int layer) const { return !layer_moe.empty() && layer_moe[size_t(layer)] != 0; }
 
   int group_size() const { return n_heads / n_kv_heads; }
   int kv_head_of(int query_head) const { return query_head / group_size(); }

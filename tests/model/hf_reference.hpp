@@ -1,0 +1,287 @@
+#pragma once
+// A double-precision reference forward of the HF decoder families, written from the formulas
+// (../shared/MODEL-FAMILIES.md, transformers' modeling code) with plain loops and no kvq code:
+// RMSNorm, optional per-head q/k RMSNorm (Qwen3), split-half RoPE from explicit inverse
+// frequencies and attention factor, GQA attention with causal and sliding-window masks, SwiGLU
+// MLP, MoE router softmax / top-k / renormalisation. Slow (O(T^2) loops), for tiny models only.
+//
+// Usage: fill a ref::Model (from_hf() does it for hf_tiny.hpp's tensors), then
+//   std::vector<double> logits = ref::forward(model, ids);          // [T][V] row-major
+// RoPE scaling tests set model.inv_freq / model.attention_factor to their own values.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "hf_tiny.hpp"
+
+namespace kvq::test::ref {
+
+using Vec = std::vector<double>;
+
+struct Expert {
+  Vec gate, up, down;  // [I, D], [I, D], [D, I] row-major
+};
+
+struct Layer {
+  Vec attn_norm, ffn_norm;  // [D]
+  Vec wq, wk, wv, wo;       // [H*hd, D], [Hk*hd, D], [Hk*hd, D], [D, H*hd]
+  Vec bq, bk, bv, bo;       // empty: no bias
+  Vec q_norm, k_norm;       // [hd]; empty: no q/k norm
+  int window = 0;           // 0: full causal; W > 0: query i sees keys j with i - W < j <= i
+  // Dense SwiGLU MLP (when router is empty)
+  Vec w_gate, w_up, w_down;  // [I, D], [I, D], [D, I]
+  // MoE
+  Vec router;  // [E, D]
+  std::vector<Expert> experts;
+};
+
+struct Model {
+  int D = 0, H = 0, Hk = 0, hd = 0, V = 0;
+  double eps = 1e-6;
+  // RoPE over the first 2 * inv_freq.size() dims of each head (split-half pairing: dim i with
+  // i + half); cos and sin are multiplied by attention_factor.
+  Vec inv_freq;
+  double attention_factor = 1.0;
+  int top_k = 0;
+  bool norm_topk_prob = false;
+  Vec embed, final_norm, lm_head;  // [V, D], [D], [V, D]
+  std::vector<Layer> layers;
+};
+
+// theta^(-2j/d) for j < d/2.
+inline Vec default_inv_freq(double theta, int rotary_dim) {
+  Vec f(static_cast<size_t>(rotary_dim / 2));
+  for (size_t j = 0; j < f.size(); ++j) f[j] = std::pow(theta, -2.0 * double(j) / double(rotary_dim));
+  return f;
+}
+
+// Switches that turn one feature off, for negative controls.
+struct Options {
+  bool skip_qk_norm = false;
+  bool ignore_window = false;
+  bool flip_norm_topk_prob = false;
+  int64_t pos0 = 0;
+};
+
+// What the forward saw per layer, pre-RoPE (after the q/k norm): [T][H][hd], [T][Hk][hd].
+struct Trace {
+  std::vector<Vec> q, k, v;
+};
+
+namespace detail {
+
+inline void rms_norm(const double* x, const Vec& w, int n, double eps, double* out) {
+  double ss = 0;
+  for (int i = 0; i < n; ++i) ss += x[i] * x[i];
+  const double inv = 1.0 / std::sqrt(ss / n + eps);
+  for (int i = 0; i < n; ++i) out[i] = x[i] * inv * w[size_t(i)];
+}
+
+// y[o] = Σ_i W[o][i] x[i] (+ b[o])
+inline void matvec(const Vec& W, const Vec& b, const double* x, int out, int in, double* y) {
+  for (int o = 0; o < out; ++o) {
+    double s = b.empty() ? 0.0 : b[size_t(o)];
+    const double* w = W.data() + size_t(o) * size_t(in);
+    for (int i = 0; i < in; ++i) s += w[i] * x[i];
+    y[o] = s;
+  }
+}
+
+inline double silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+inline void swiglu(const Vec& gate, const Vec& up, const Vec& down, const double* x, int D, int I, double* y) {
+  Vec g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
+  matvec(gate, {}, x, I, D, g.data());
+  matvec(up, {}, x, I, D, u.data());
+  for (int i = 0; i < I; ++i) g[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
+  matvec(down, {}, g.data(), D, I, y);
+}
+
+inline void rope(double* head, const Vec& inv_freq, double af, int64_t pos) {
+  const size_t half = inv_freq.size();
+  for (size_t j = 0; j < half; ++j) {
+    const double a = head[j], b = head[j + half], ang = double(pos) * inv_freq[j];
+    const double c = af * std::cos(ang), s = af * std::sin(ang);
+    head[j] = a * c - b * s;
+    head[j + half] = b * c + a * s;
+  }
+}
+
+}  // namespace detail
+
+// Logits [T][V] of one causal window of ids at positions pos0 ... pos0 + T - 1.
+inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& opt = {}, Trace* trace = nullptr) {
+  using namespace detail;
+  const int T = int(ids.size()), D = m.D, H = m.H, Hk = m.Hk, hd = m.hd, G = H / Hk;
+  Vec x(static_cast<size_t>(T) * D);
+  for (int t = 0; t < T; ++t)
+    std::copy_n(m.embed.begin() + ptrdiff_t(static_cast<size_t>(ids[size_t(t)]) * D), D, x.begin() + ptrdiff_t(static_cast<size_t>(t) * D));
+  if (trace) *trace = Trace{};
+  Vec h(static_cast<size_t>(D)), q(static_cast<size_t>(T) * H * hd), k(static_cast<size_t>(T) * Hk * hd), v(static_cast<size_t>(T) * Hk * hd), tmp(static_cast<size_t>(hd));
+  for (const Layer& L : m.layers) {
+    for (int t = 0; t < T; ++t) {
+      rms_norm(&x[size_t(t) * D], L.attn_norm, D, m.eps, h.data());
+      matvec(L.wq, L.bq, h.data(), H * hd, D, &q[size_t(t) * H * hd]);
+      matvec(L.wk, L.bk, h.data(), Hk * hd, D, &k[size_t(t) * Hk * hd]);
+      matvec(L.wv, L.bv, h.data(), Hk * hd, D, &v[size_t(t) * Hk * hd]);
+      if (!L.q_norm.empty() && !opt.skip_qk_norm) {
+        for (int hh = 0; hh < H; ++hh) {
+          double* r = &q[(static_cast<size_t>(t) * H + hh) * hd];
+          rms_norm(r, L.q_norm, hd, m.eps, tmp.data());
+          std::copy(tmp.begin(), tmp.end(), r);
+        }
+        for (int hh = 0; hh < Hk; ++hh) {
+          double* r = &k[(static_cast<size_t>(t) * Hk + hh) * hd];
+          rms_norm(r, L.k_norm, hd, m.eps, tmp.data());
+          std::copy(tmp.begin(), tmp.end(), r);
+        }
+      }
+    }
+    if (trace) {
+      trace->q.push_back(q);
+      trace->k.push_back(k);
+      trace->v.push_back(v);
+    }
+    for (int t = 0; t < T; ++t) {
+      for (int hh = 0; hh < H; ++hh) rope(&q[(static_cast<size_t>(t) * H + hh) * hd], m.inv_freq, m.attention_factor, opt.pos0 + t);
+      for (int hh = 0; hh < Hk; ++hh) rope(&k[(static_cast<size_t>(t) * Hk + hh) * hd], m.inv_freq, m.attention_factor, opt.pos0 + t);
+    }
+    const int W = opt.ignore_window ? 0 : L.window;
+    Vec attn(static_cast<size_t>(H) * hd), score(static_cast<size_t>(T)), o(static_cast<size_t>(D));
+    Vec x_new = x;
+    for (int i = 0; i < T; ++i) {
+      for (int hh = 0; hh < H; ++hh) {
+        const int kh = hh / G;
+        const double* qi = &q[(static_cast<size_t>(i) * H + hh) * hd];
+        double mx = -INFINITY;
+        for (int j = 0; j <= i; ++j) {
+          score[size_t(j)] = -INFINITY;
+          if (W > 0 && i - j >= W) continue;
+          const double* kj = &k[(static_cast<size_t>(j) * Hk + kh) * hd];
+          double s = 0;
+          for (int e = 0; e < hd; ++e) s += qi[e] * kj[e];
+          score[size_t(j)] = s / std::sqrt(double(hd));
+          mx = std::max(mx, score[size_t(j)]);
+        }
+        double z = 0;
+        for (int j = 0; j <= i; ++j) z += std::exp(score[size_t(j)] - mx);
+        for (int e = 0; e < hd; ++e) attn[size_t(hh) * hd + e] = 0;
+        for (int j = 0; j <= i; ++j) {
+          const double p = std::exp(score[size_t(j)] - mx) / z;
+          const double* vj = &v[(static_cast<size_t>(j) * Hk + kh) * hd];
+          for (int e = 0; e < hd; ++e) attn[size_t(hh) * hd + e] += p * vj[e];
+        }
+      }
+      matvec(L.wo, L.bo, attn.data(), D, H * hd, o.data());
+      for (int e = 0; e < D; ++e) x_new[size_t(i) * D + e] += o[size_t(e)];
+    }
+    x.swap(x_new);
+
+    for (int t = 0; t < T; ++t) {
+      double* xt = &x[size_t(t) * D];
+      rms_norm(xt, L.ffn_norm, D, m.eps, h.data());
+      if (L.router.empty()) {
+        const int I = int(L.w_gate.size() / size_t(D));
+        swiglu(L.w_gate, L.w_up, L.w_down, h.data(), D, I, o.data());
+        for (int e = 0; e < D; ++e) xt[e] += o[size_t(e)];
+        continue;
+      }
+      const int E = int(L.experts.size());
+      Vec logit(static_cast<size_t>(E));
+      matvec(L.router, {}, h.data(), E, D, logit.data());
+      const double mx = *std::max_element(logit.begin(), logit.end());
+      double z = 0;
+      for (double& l : logit) z += (l = std::exp(l - mx));
+      for (double& l : logit) l /= z;
+      // Top-k by probability; an exact tie goes to the lower expert index.
+      std::vector<int> order(static_cast<size_t>(E));
+      std::iota(order.begin(), order.end(), 0);
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logit[size_t(a)] > logit[size_t(b)]; });
+      double kept = 0;
+      for (int r = 0; r < m.top_k; ++r) kept += logit[size_t(order[size_t(r)])];
+      const bool renorm = m.norm_topk_prob != opt.flip_norm_topk_prob;
+      Vec acc(static_cast<size_t>(D), 0.0);
+      for (int r = 0; r < m.top_k; ++r) {
+        const Expert& ex = L.experts[size_t(order[size_t(r)])];
+        const double p = logit[size_t(order[size_t(r)])] / (renorm ? kept : 1.0);
+        swiglu(ex.gate, ex.up, ex.down, h.data(), D, int(ex.gate.size() / size_t(D)), o.data());
+        for (int e = 0; e < D; ++e) acc[size_t(e)] += p * o[size_t(e)];
+      }
+      for (int e = 0; e < D; ++e) xt[e] += acc[size_t(e)];
+    }
+  }
+  Vec logits(static_cast<size_t>(T) * m.V);
+  for (int t = 0; t < T; ++t) {
+    rms_norm(&x[size_t(t) * D], m.final_norm, D, m.eps, h.data());
+    matvec(m.lm_head, {}, h.data(), m.V, D, &logits[size_t(t) * m.V]);
+  }
+  return logits;
+}
+
+// The reference model of an hf_tiny.hpp checkpoint, read from its tensor names (HF layout).
+inline Model from_hf(const hf::Spec& s, const hf::TensorMap& w) {
+  auto get = [&](const std::string& n) -> const Vec& {
+    auto it = w.find(n);
+    if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
+    return it->second.v;
+  };
+  auto opt = [&](const std::string& n) { return w.count(n) ? w.at(n).v : Vec{}; };
+  Model m;
+  m.D = s.hidden;
+  m.H = s.heads;
+  m.Hk = s.kv_heads;
+  m.hd = s.head_dim;
+  m.V = s.vocab;
+  m.eps = s.eps;
+  m.inv_freq = default_inv_freq(s.theta, s.head_dim);
+  m.top_k = s.top_k;
+  m.norm_topk_prob = s.family == "mixtral" ? true : s.norm_topk_prob;
+  m.embed = get("model.embed_tokens.weight");
+  m.final_norm = get("model.norm.weight");
+  m.lm_head = s.tied ? m.embed : get("lm_head.weight");
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = get(p + "input_layernorm.weight");
+    L.ffn_norm = get(p + "post_attention_layernorm.weight");
+    L.wq = get(p + "self_attn.q_proj.weight");
+    L.wk = get(p + "self_attn.k_proj.weight");
+    L.wv = get(p + "self_attn.v_proj.weight");
+    L.wo = get(p + "self_attn.o_proj.weight");
+    L.bq = opt(p + "self_attn.q_proj.bias");
+    L.bk = opt(p + "self_attn.k_proj.bias");
+    L.bv = opt(p + "self_attn.v_proj.bias");
+    L.q_norm = opt(p + "self_attn.q_norm.weight");
+    L.k_norm = opt(p + "self_attn.k_norm.weight");
+    L.window = s.window_of(l);
+    if (s.is_moe_layer(l)) {
+      L.router = get(hf::router_tensor_name(s, l));
+      for (int e = 0; e < s.experts; ++e) {
+        const auto n = hf::expert_tensor_names(s, l, e);
+        L.experts.push_back({get(n[0]), get(n[1]), get(n[2])});
+      }
+    } else {
+      L.w_gate = get(p + "mlp.gate_proj.weight");
+      L.w_up = get(p + "mlp.up_proj.weight");
+      L.w_down = get(p + "mlp.down_proj.weight");
+    }
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+// max |a - b| / max |b|: the comparison measure of the architecture tests.
+inline double rel_max_diff(const Vec& a, const Vec& b) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num = std::max(num, std::abs(a[i] - b[i]));
+    den = std::max(den, std::abs(b[i]));
+  }
+  return num / std::max(den, 1e-300);
+}
+
+}  // namespace kvq::test::ref

@@ -1,0 +1,256 @@
+#pragma once
+// Tiny HF checkpoints of every family kvq opens, written from a spec: config.json in the family's
+// own keys, seeded random weights rounded to BF16 and sharded through model.safetensors.index.json.
+// The weights come back as doubles (the exact BF16 values) so a reference forward can use them.
+// No GoogleTest and no kvq library here: tests/tools/kvq-make-tiny-hf uses it too.
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kvq::test::hf {
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  std::vector<double> v;  // exactly representable in BF16
+};
+using TensorMap = std::map<std::string, Tensor>;
+
+// Round to nearest even (finite inputs only).
+inline uint16_t f32_to_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+inline float bf16_to_f32(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline double bf16_round(double x) { return double(bf16_to_f32(f32_to_bf16(float(x)))); }
+
+// family: llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral (the HF model_type).
+struct Spec {
+  std::string family = "llama";
+  int hidden = 32, layers = 3, heads = 4, kv_heads = 2, head_dim = 16, inter = 48, vocab = 64;
+  int max_pos = 512;
+  double theta = 10000.0, eps = 1e-6;
+  bool tied = false;
+  // MoE (qwen3_moe, mixtral)
+  int experts = 0, top_k = 0, moe_inter = 0;
+  bool norm_topk_prob = true;        // qwen3_moe only (Mixtral always renormalises)
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;
+  // Sliding window: mistral/mixtral when > 0; qwen2/qwen3/qwen3_moe when use_sliding_window.
+  int sliding_window = 0;
+  bool use_sliding_window = false;
+  int max_window_layers = 0;
+  int bos_id = 1, eos_id = 2;
+  // Weight scales: N(0, scale) for linear layers, N(0, embed_scale) for the embedding, norms
+  // 1 + N(0, norm_jitter); the router gets router_scale.
+  double scale = 0.2, embed_scale = 1.0, norm_jitter = 0.1, router_scale = 1.0;
+  uint32_t seed = 1;
+  nlohmann::json extra = nlohmann::json::object();  // merged into config.json last (rope_scaling ...)
+
+  bool moe() const { return family == "qwen3_moe" || family == "mixtral"; }
+  bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
+  bool is_moe_layer(int l) const {
+    if (!moe()) return false;
+    if (family == "mixtral") return true;
+    for (int x : mlp_only_layers)
+      if (x == l) return false;
+    return (l + 1) % decoder_sparse_step == 0;
+  }
+  // The attention window of layer l as transformers applies it (0: full causal).
+  int window_of(int l) const {
+    if (family == "mistral" || family == "mixtral") return sliding_window;
+    if (!use_sliding_window) return 0;
+    if (family == "qwen3_moe") return sliding_window;
+    return l >= max_window_layers ? sliding_window : 0;
+  }
+};
+
+inline const char* class_of(const std::string& family) {
+  if (family == "llama") return "LlamaForCausalLM";
+  if (family == "mistral") return "MistralForCausalLM";
+  if (family == "qwen2") return "Qwen2ForCausalLM";
+  if (family == "qwen3") return "Qwen3ForCausalLM";
+  if (family == "qwen3_moe") return "Qwen3MoeForCausalLM";
+  if (family == "mixtral") return "MixtralForCausalLM";
+  throw std::invalid_argument("unknown family " + family);
+}
+
+inline nlohmann::json make_config(const Spec& s) {
+  using nlohmann::json;
+  json c = {{"architectures", {class_of(s.family)}},
+            {"model_type", s.family},
+            {"hidden_size", s.hidden},
+            {"num_hidden_layers", s.layers},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.kv_heads},
+            {"head_dim", s.head_dim},
+            {"intermediate_size", s.inter},
+            {"vocab_size", s.vocab},
+            {"max_position_embeddings", s.max_pos},
+            {"rope_theta", s.theta},
+            {"rms_norm_eps", s.eps},
+            {"tie_word_embeddings", s.tied},
+            {"hidden_act", "silu"},
+            {"bos_token_id", s.bos_id},
+            {"eos_token_id", s.eos_id},
+            {"torch_dtype", "bfloat16"}};
+  const json window = s.sliding_window > 0 ? json(s.sliding_window) : json(nullptr);
+  if (s.family == "llama" || s.family == "qwen3" || s.family == "qwen3_moe") c["attention_bias"] = false;
+  if (s.family == "mistral" || s.family == "mixtral") c["sliding_window"] = window;
+  if (s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe") {
+    c["use_sliding_window"] = s.use_sliding_window;
+    c["sliding_window"] = window;
+    if (s.family != "qwen3_moe") c["max_window_layers"] = s.max_window_layers;
+  }
+  if (s.family == "qwen3_moe") {
+    c["num_experts"] = s.experts;
+    c["num_experts_per_tok"] = s.top_k;
+    c["moe_intermediate_size"] = s.moe_inter;
+    c["norm_topk_prob"] = s.norm_topk_prob;
+    c["decoder_sparse_step"] = s.decoder_sparse_step;
+    c["mlp_only_layers"] = s.mlp_only_layers;
+  }
+  if (s.family == "mixtral") {
+    c["num_local_experts"] = s.experts;
+    c["num_experts_per_tok"] = s.top_k;
+  }
+  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) c[it.key()] = it.value();
+  return c;
+}
+
+// Tensor names of one MoE expert (gate, up, down) in the family's layout.
+inline std::vector<std::string> expert_tensor_names(const Spec& s, int l, int e) {
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  if (s.family == "mixtral") {
+    const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+    return {q + "w1.weight", q + "w3.weight", q + "w2.weight"};
+  }
+  const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+  return {q + "gate_proj.weight", q + "up_proj.weight", q + "down_proj.weight"};
+}
+inline std::string router_tensor_name(const Spec& s, int l) {
+  return "model.layers." + std::to_string(l) + (s.family == "mixtral" ? ".block_sparse_moe.gate.weight" : ".mlp.gate.weight");
+}
+
+inline TensorMap make_weights(const Spec& s) {
+  std::mt19937_64 rng(s.seed);
+  std::normal_distribution<double> g(0.0, 1.0);
+  TensorMap m;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, double scale, double offset = 0.0) {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    Tensor t;
+    t.shape = std::move(shape);
+    t.v.resize(static_cast<size_t>(n));
+    for (auto& x : t.v) x = bf16_round(offset + scale * g(rng));
+    m[name] = std::move(t);
+  };
+  const int64_t D = s.hidden, qd = int64_t(s.heads) * s.head_dim, kvd = int64_t(s.kv_heads) * s.head_dim;
+  add("model.embed_tokens.weight", {s.vocab, D}, s.embed_scale);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "post_attention_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "self_attn.q_proj.weight", {qd, D}, s.scale);
+    add(p + "self_attn.k_proj.weight", {kvd, D}, s.scale);
+    add(p + "self_attn.v_proj.weight", {kvd, D}, s.scale);
+    add(p + "self_attn.o_proj.weight", {D, qd}, s.scale);
+    if (s.family == "qwen2") {
+      add(p + "self_attn.q_proj.bias", {qd}, s.scale);
+      add(p + "self_attn.k_proj.bias", {kvd}, s.scale);
+      add(p + "self_attn.v_proj.bias", {kvd}, s.scale);
+    }
+    if (s.qk_norm()) {
+      // Far from 1 so that skipping the norm changes the logits clearly.
+      add(p + "self_attn.q_norm.weight", {s.head_dim}, 0.5, 1.0);
+      add(p + "self_attn.k_norm.weight", {s.head_dim}, 0.5, 1.0);
+    }
+    if (s.is_moe_layer(l)) {
+      add(router_tensor_name(s, l), {s.experts, D}, s.router_scale);
+      const int64_t Ie = s.family == "mixtral" ? s.inter : s.moe_inter;
+      for (int e = 0; e < s.experts; ++e) {
+        const auto n = expert_tensor_names(s, l, e);
+        add(n[0], {Ie, D}, s.scale);
+        add(n[1], {Ie, D}, s.scale);
+        add(n[2], {D, Ie}, s.scale);
+      }
+    } else {
+      add(p + "mlp.gate_proj.weight", {s.inter, D}, s.scale);
+      add(p + "mlp.up_proj.weight", {s.inter, D}, s.scale);
+      add(p + "mlp.down_proj.weight", {D, s.inter}, s.scale);
+    }
+  }
+  add("model.norm.weight", {D}, s.norm_jitter, 1.0);
+  if (!s.tied) add("lm_head.weight", {s.vocab, D}, s.scale);
+  return m;
+}
+
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+  if (!f.good()) throw std::runtime_error("cannot write " + path);
+}
+
+// BF16 safetensors over n_shards files (round-robin in name order) plus the index; n_shards <= 1
+// writes a single model.safetensors.
+inline void write_weights(const std::string& dir, const TensorMap& tensors, int n_shards) {
+  using nlohmann::json;
+  const int n = std::max(1, n_shards);
+  std::vector<json> headers(static_cast<size_t>(n), json::object());
+  std::vector<std::string> data(static_cast<size_t>(n));
+  std::vector<std::string> names(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "model-%05d-of-%05d.safetensors", i + 1, n);
+    names[size_t(i)] = n == 1 ? "model.safetensors" : buf;
+  }
+  json weight_map = json::object();
+  int k = 0;
+  for (const auto& [name, t] : tensors) {
+    const size_t i = size_t(k++ % n);
+    std::string bytes(t.v.size() * 2, '\0');
+    for (size_t j = 0; j < t.v.size(); ++j) {
+      const uint16_t h = f32_to_bf16(float(t.v[j]));
+      bytes[2 * j] = char(h & 0xff);
+      bytes[2 * j + 1] = char(h >> 8);
+    }
+    headers[i][name] = {{"dtype", "BF16"}, {"shape", t.shape}, {"data_offsets", {data[i].size(), data[i].size() + bytes.size()}}};
+    data[i] += bytes;
+    weight_map[name] = names[i];
+  }
+  for (size_t i = 0; i < size_t(n); ++i) {
+    headers[i]["__metadata__"] = {{"format", "pt"}};
+    const std::string h = headers[i].dump();
+    std::string out(8, '\0');
+    for (int b = 0; b < 8; ++b) out[size_t(b)] = char((uint64_t(h.size()) >> (8 * b)) & 0xff);
+    write_file(dir + "/" + names[i], out + h + data[i]);
+  }
+  if (n > 1) {
+    uint64_t total = 0;
+    for (const auto& [name, t] : tensors) total += t.v.size() * 2;
+    write_file(dir + "/model.safetensors.index.json",
+               json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2));
+  }
+}
+
+inline void write_model(const std::string& dir, const nlohmann::json& config, const TensorMap& tensors,
+                        int n_shards = 2) {
+  std::filesystem::create_directories(dir);
+  write_file(dir + "/config.json", config.dump(2));
+  write_weights(dir, tensors, n_shards);
+}
+
+}  // namespace kvq::test::hf
