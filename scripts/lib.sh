@@ -13,7 +13,8 @@ KVQ_PACKAGES=(cmake ninja-build ccache g++ pkg-config libtorch-dev libopenblas0-
   libeigen3-dev libhdf5-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libsentencepiece-dev
   libgtest-dev libgmock-dev libbenchmark-dev python3-jsonschema bible-kjv libcairo2-dev
   clang libclang-rt-dev
-  libopenmpi-dev openmpi-bin)
+  libopenmpi-dev openmpi-bin
+  libpcre2-dev libutf8proc-dev)
 
 kvq_log() { printf '\033[1m[kvq]\033[0m %s\n' "$*" >&2; }
 

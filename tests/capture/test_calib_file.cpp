@@ -28,6 +28,7 @@ CalibFile small_file() {
   c.prov.pairing = RopePairing::kInterleaved;
   c.prov.rotary_dim = 4;
   c.prov.rope_theta = 10000;
+  c.prov.rope_inv_freq = rope_default_inv_freq(c.prov.rope_theta, c.prov.rotary_dim);
   c.prov.head_dim = 4;
   c.prov.n_layers = 2;
   c.prov.n_heads = 4;

@@ -13,7 +13,7 @@ namespace {
 TEST(Rope, PreservesNormAndRelativePosition) {
   const int d = 16;
   for (bool inter : {false, true}) {
-    RopeSpec rope{true, 10000.0, 0, inter};
+    RopeSpec rope{true, 10000.0, 0, inter, {}, 1.0};
     std::vector<float> q = test::gaussian_rows(1, d, 1), k = test::gaussian_rows(1, d, 2);
     auto dot_at = [&](int pq, int pk) {
       std::vector<float> a = q, b = k;
@@ -36,13 +36,13 @@ TEST(Rope, PreservesNormAndRelativePosition) {
   std::vector<float> e(d, 0.f);
   e[0] = 1.f;
   std::vector<float> a = e;
-  apply_rope(a.data(), d, 1, RopeSpec{true, 10000.0, 0, true});
+  apply_rope(a.data(), d, 1, RopeSpec{true, 10000.0, 0, true, {}, 1.0});
   EXPECT_NEAR(a[1], std::sin(1.0), 1e-6);
   a = e;
-  apply_rope(a.data(), d, 1, RopeSpec{true, 10000.0, 0, false});
+  apply_rope(a.data(), d, 1, RopeSpec{true, 10000.0, 0, false, {}, 1.0});
   EXPECT_NEAR(a[d / 2], std::sin(1.0), 1e-6);
   std::vector<float> tail(d, 1.f);
-  apply_rope(tail.data(), d, 7, RopeSpec{true, 10000.0, 8, false});
+  apply_rope(tail.data(), d, 7, RopeSpec{true, 10000.0, 8, false, {}, 1.0});
   for (int i = 8; i < d; ++i) EXPECT_EQ(tail[static_cast<size_t>(i)], 1.f);
 }
 
@@ -60,7 +60,7 @@ TEST(ReferenceAttention, MatchesBruteForceWithGqaAndRope) {
   std::vector<int32_t> pos(T);
   for (int t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = 100 + 3 * t;
   p.positions = pos.data();
-  p.rope = RopeSpec{true, 10000.0, 0, false};
+  p.rope = RopeSpec{true, 10000.0, 0, false, {}, 1.0};
   for (int h = 0; h < n_kv; ++h) {
     HeadDecision kd = h == 0 ? test::lrh(d, 12, 4) : test::tq_uniform(d, 4);
     kd.post_rope = h == 1;  // head 0 cached pre-RoPE: RoPE applied after decode

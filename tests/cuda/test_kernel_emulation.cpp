@@ -88,6 +88,7 @@ struct Case {
   int d, n_q, n_kv, T, sm_count;
   std::function<HeadDecision(int)> k, v;
   bool rope, interleaved;
+  bool scaled_rope = false;  // model-given inverse frequencies and attention factor (llama3/yarn files)
 };
 
 void run_case(const Case& cs) {
@@ -101,7 +102,12 @@ void run_case(const Case& cs) {
   std::vector<int32_t> pos(static_cast<size_t>(cs.T));
   for (int i = 0; i < cs.T; ++i) pos[static_cast<size_t>(i)] = 3 + 5 * i;
   p.positions = pos.data();
-  p.rope = codec::RopeSpec{cs.rope, 10000.0, 0, cs.interleaved};
+  p.rope = codec::RopeSpec{cs.rope, 10000.0, 0, cs.interleaved, {}, 1.0};
+  if (cs.scaled_rope) {
+    for (int i = 0; i < d / 2; ++i)  // any positive frequencies: the kernel must take them as given
+      p.rope.inv_freq.push_back(std::pow(500000.0, -2.0 * i / d) / (i < d / 4 ? 1.0 : 8.0));
+    p.rope.attention_factor = 1.1386;
+  }
   HostTables tables;
   std::vector<DevHead> kh, vh;
   for (int h = 0; h < cs.n_kv; ++h) {
@@ -154,6 +160,9 @@ TEST(KernelEmulation, FusedAttentionMatchesCpuReference) {
       {"tq_pre_rope_interleaved", 16, 2, 1, 33, 1,
        [](int) { HeadDecision x = t::tq_uniform(16, 4); x.post_rope = false; return x; },
        [](int) { return t::kivi(Side::kV, 2); }, true, true},
+      {"tq_pre_rope_scaled_freqs_and_factor", 32, 4, 2, 77, 3,
+       [](int) { HeadDecision x = t::tq_uniform(32, 3); x.post_rope = false; return x; },
+       [](int) { return t::tq_uniform(32, 3, 9, Side::kV); }, true, false, true},
       {"kivi_both_T1", 8, 2, 1, 1, 4, [](int) { return t::kivi(Side::kK, 2); },
        [](int) { return t::kivi(Side::kV, 2); }, false, false},
       {"kivi_k_partial_block", 96, 2, 1, 45, 2, [](int) { return t::kivi(Side::kK, 3); },

@@ -2,6 +2,7 @@
 // readable by every later kvq; their content is checked against facts known independently.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -45,6 +46,13 @@ TEST(Golden, CalibrationV1) {
   EXPECT_EQ(c.holdout.ids[0], 1) << "windows start with BOS";
   EXPECT_EQ(c.reservoir.size(), 8);
   EXPECT_TRUE(c.complete());
+  // Version 1 predates recorded RoPE: it reads as the demo model's unscaled RoPE (theta 10000,
+  // d_r 64), and keeps saying which version it is.
+  EXPECT_EQ(c.format_version, 1);
+  EXPECT_EQ(c.prov.rope_type, "default");
+  EXPECT_EQ(c.prov.rope_attention_factor, 1.0);
+  ASSERT_EQ(c.prov.rope_inv_freq.size(), 32u);
+  for (int i = 0; i < 32; ++i) EXPECT_DOUBLE_EQ(c.prov.rope_inv_freq[size_t(i)], std::pow(10000.0, -i / 32.0));
 }
 
 TEST(Golden, AllocationsV1) {

@@ -222,9 +222,9 @@ TEST_F(BadHf, ArchitectureFromClassName) {
 }
 
 TEST_F(BadHf, UnsupportedRopeScaling) {
-  config_["rope_scaling"] = {{"type", "linear"}, {"factor", 2.0}};
+  config_["rope_scaling"] = {{"type", "longrope"}, {"factor", 2.0}};
   write();
-  expect({"config.json", "rope_scaling"});
+  expect({"config.json", "rope_scaling.type", "longrope"});
 }
 
 TEST_F(BadHf, MissingTensor) {

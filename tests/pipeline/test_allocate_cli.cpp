@@ -217,7 +217,7 @@ TEST(AllocateCli, BadInputs) {
     H5::H5File f(future, H5F_ACC_RDWR);
     H5::Group g = f.openGroup("/");
     g.removeAttr("version");
-    h5::write_attr(g, "version", int64_t(2));
+    h5::write_attr(g, "version", int64_t(3));
   }
   auto partial = test::temp_path("partial.kvqcal.h5");
   test::run_cmd("KVQ_TEST_KILL_AFTER_WINDOWS=4 " + test::bin("calib-capture") + " -q --threads 1 --model " +
@@ -233,7 +233,7 @@ TEST(AllocateCli, BadInputs) {
       {"--calib " + cal + " --method block-gtq --bpd 9", "above b_max 8"},
       {"--calib " + cal + " --method magic --bpd 2", "unknown method 'magic'"},
       {"--calib " + cal + " --method uniform --bpd 2.5", "bits_per_dim"},
-      {"--calib " + future + " --method block-gtq --bpd 2", "found 2 (written by a newer kvq)"},
+      {"--calib " + future + " --method block-gtq --bpd 2", "found 3 (written by a newer kvq)"},
       {"--calib " + partial + " --method block-gtq --bpd 2", "interrupted capture"},
       {"--calib /nonexistent.kvqcal.h5 --method block-gtq --bpd 2", "cannot open"},
       {"--calib " + cal + " --method cobra-dp --c1-rounding round --bpd 2", "round"},

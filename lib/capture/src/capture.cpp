@@ -154,6 +154,12 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   prov.pairing = cfg.pairing;
   prov.rotary_dim = cfg.rotary_dim;
   prov.rope_theta = cfg.rope_theta;
+  {
+    const RopeParams rp = rope_params(cfg, o.seq_len);  // every window runs positions [0, seq_len)
+    prov.rope_type = to_string(cfg.rope_scaling.type);
+    prov.rope_inv_freq = rp.inv_freq;
+    prov.rope_attention_factor = rp.attention_factor;
+  }
   prov.head_dim = cfg.head_dim;
   prov.n_layers = cfg.n_layers;
   prov.n_heads = cfg.n_heads;

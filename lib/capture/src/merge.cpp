@@ -17,6 +17,9 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
   if (pa.pairing != pb.pairing) refuse("provenance.rope_pairing", to_string(pa.pairing), to_string(pb.pairing));
   if (pa.rotary_dim != pb.rotary_dim)
     refuse("provenance.rotary_dim", std::to_string(pa.rotary_dim), std::to_string(pb.rotary_dim));
+  if (pa.rope_type != pb.rope_type || pa.rope_inv_freq != pb.rope_inv_freq ||
+      pa.rope_attention_factor != pb.rope_attention_factor)
+    refuse("provenance.rope_inv_freq", pa.rope_type, pb.rope_type + " (different RoPE)");
   if (pa.tokenizer_sha256 != pb.tokenizer_sha256)
     refuse("provenance.tokenizer_sha256", pa.tokenizer_sha256, pb.tokenizer_sha256);
   if (pa.seq_len != pb.seq_len) refuse("provenance.seq_len", std::to_string(pa.seq_len), std::to_string(pb.seq_len));

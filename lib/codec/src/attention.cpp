@@ -11,10 +11,13 @@ namespace kvq::codec {
 void apply_rope(float* x, int head_dim, int64_t pos, const RopeSpec& rope) {
   const int dr = rope.rotary_dim > 0 ? rope.rotary_dim : head_dim;
   const int nb = dr / 2;
+  KVQ_ASSERT(rope.inv_freq.empty() || rope.inv_freq.size() == static_cast<size_t>(nb));
+  const double af = rope.attention_factor;
   for (int i = 0; i < nb; ++i) {
-    const double inv_freq = std::pow(rope.theta, -2.0 * i / dr);
+    const double inv_freq =
+        rope.inv_freq.empty() ? std::pow(rope.theta, -2.0 * i / dr) : rope.inv_freq[static_cast<size_t>(i)];
     const double ang = static_cast<double>(pos) * inv_freq;
-    const double c = std::cos(ang), s = std::sin(ang);
+    const double c = af * std::cos(ang), s = af * std::sin(ang);
     const int a = rope.interleaved ? 2 * i : i;
     const int b = rope.interleaved ? 2 * i + 1 : i + nb;
     const double xa = x[a], xb = x[b];

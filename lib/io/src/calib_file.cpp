@@ -25,6 +25,9 @@ std::string provenance_to_json(const CalibProvenance& p) {
   j["rope_pairing"] = to_string(p.pairing);
   j["rotary_dim"] = p.rotary_dim;
   j["rope_theta"] = p.rope_theta;
+  j["rope_type"] = p.rope_type;
+  j["rope_inv_freq"] = p.rope_inv_freq;
+  j["rope_attention_factor"] = p.rope_attention_factor;
   j["head_dim"] = p.head_dim;
   j["n_layers"] = p.n_layers;
   j["n_heads"] = p.n_heads;
@@ -104,6 +107,28 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
   }
   get("rotary_dim", p.rotary_dim);
   get("rope_theta", p.rope_theta);
+  if (j.contains("rope_type") || j.contains("rope_inv_freq") || j.contains("rope_attention_factor")) {
+    get("rope_type", p.rope_type);
+    get("rope_inv_freq", p.rope_inv_freq);
+    get("rope_attention_factor", p.rope_attention_factor);
+    try {
+      rope_type_from_string(p.rope_type);
+    } catch (const Error&) {
+      throw Error(file, "provenance.rope_type", "unknown value '" + p.rope_type + "'");
+    }
+    if (p.rope_inv_freq.size() != size_t(std::max(0, p.rotary_dim / 2)))
+      throw Error(file, "provenance.rope_inv_freq",
+                  std::to_string(p.rope_inv_freq.size()) + " entries for rotary_dim " + std::to_string(p.rotary_dim));
+    for (double f : p.rope_inv_freq)
+      if (!std::isfinite(f) || !(f > 0)) throw Error(file, "provenance.rope_inv_freq", "entry " + json(f).dump() + " is not a positive number");
+    if (!std::isfinite(p.rope_attention_factor) || !(p.rope_attention_factor > 0))
+      throw Error(file, "provenance.rope_attention_factor", json(p.rope_attention_factor).dump() + " is not a positive number");
+  } else {  // version 1: unscaled RoPE
+    if (!(p.rope_theta > 0) || !std::isfinite(p.rope_theta) || p.rotary_dim < 0 || p.rotary_dim > (1 << 20))
+      throw Error(file, "provenance.rope_theta", json(p.rope_theta).dump() + " with rotary_dim " +
+                                                     std::to_string(p.rotary_dim) + " is not a valid RoPE");
+    p.rope_inv_freq = rope_default_inv_freq(p.rope_theta, p.rotary_dim);
+  }
   get("head_dim", p.head_dim);
   get("n_layers", p.n_layers);
   get("n_heads", p.n_heads);
@@ -235,11 +260,13 @@ CalibFile read_calib(const std::string& path, bool samples) {
   if (fmt != kCalibFormat)
     throw Error(path, "/@format", "expected '" + std::string(kCalibFormat) + "', found '" + fmt + "'");
   int64_t ver = h5::read_attr_i64(path, root, "version");
-  if (ver != kCalibVersion)
+  if (ver < kCalibOldestVersion || ver > kCalibVersion)
     throw Error(path, "/@version",
-                "expected version " + std::to_string(kCalibVersion) + ", found " + std::to_string(ver) +
+                "expected version " + std::to_string(kCalibOldestVersion) + ".." + std::to_string(kCalibVersion) +
+                    ", found " + std::to_string(ver) +
                     (ver > kCalibVersion ? " (written by a newer kvq)" : " (no longer supported)"));
   CalibFile c;
+  c.format_version = ver;
   c.prov = provenance_from_json(path, h5::read_attr_str(path, root, "provenance"));
 
   auto st = h5::open_group(path, root, "stats");

@@ -1,4 +1,5 @@
 // HF checkpoints: config.json + safetensors (single file or sharded through an index).
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -132,6 +133,87 @@ std::string architecture_of(const ConfigReader& r, const json& j, const std::str
     throw Error(path, "architectures", "expected a list of class names, found " + a.dump());
   }
   throw Error(path, "model_type", "missing (and no architectures list)");
+}
+
+// `rope_scaling` (transformers <= 4) or `rope_parameters` (transformers 5, which may carry
+// rope_theta itself) into c->rope_scaling; needs c->max_seq_len and c->rope_theta set.
+void parse_rope_scaling(const json& j, const std::string& path, ModelConfig* c) {
+  const char* key = nullptr;
+  for (const char* k : {"rope_parameters", "rope_scaling"})
+    if (j.contains(k) && !j[k].is_null()) { key = k; break; }
+  if (!key) return;
+  const json& rs = j[key];
+  const std::string where = std::string(key);
+  if (!rs.is_object()) throw Error(path, where, "expected an object, found " + rs.dump());
+  const ConfigReader r(rs, path);
+  auto field = [&](const char* k) { return where + "." + k; };
+  auto number = [&](const char* k, bool positive) {
+    const json& v = rs[k];
+    if (!v.is_number() || !std::isfinite(v.get<double>()) || (positive && !(v.get<double>() > 0)))
+      throw Error(path, field(k), std::string("expected a ") + (positive ? "positive " : "") + "number, found " + v.dump());
+    return v.get<double>();
+  };
+  auto required = [&](const char* k) {
+    if (!r.has(k)) throw Error(path, field(k), std::string("missing (required by rope_type '") + to_string(c->rope_scaling.type) + "')");
+    return number(k, true);
+  };
+  auto optional = [&](const char* k, double def) { return r.has(k) ? number(k, true) : def; };
+  if (r.has("rope_theta")) c->rope_theta = number("rope_theta", true);
+
+  std::string type;
+  const char* type_key = r.has("rope_type") ? "rope_type" : (r.has("type") ? "type" : nullptr);
+  if (type_key) {
+    if (!rs[type_key].is_string()) throw Error(path, field(type_key), "expected a string, found " + rs[type_key].dump());
+    type = rs[type_key].get<std::string>();
+  } else if (std::string(key) == "rope_parameters") {
+    type = "default";
+  } else {
+    throw Error(path, field("rope_type"), "missing (and no legacy 'type')");
+  }
+  RopeScaling& s = c->rope_scaling;
+  if (type == "longrope" || type == "su")
+    throw Error(path, field(type_key), "'" + type + "' (Phi-3 LongRoPE: per-dimension factor lists) is not supported");
+  try {
+    s.type = rope_type_from_string(type);
+  } catch (const Error&) {
+    throw Error(path, field(type_key ? type_key : "rope_type"),
+                "unsupported '" + type + "' (supported: default, linear, dynamic, llama3, yarn)");
+  }
+  if (s.type == RopeType::kDefault) return;
+  s.factor = required("factor");
+  switch (s.type) {
+    case RopeType::kLinear:
+    case RopeType::kDynamic:
+    case RopeType::kDefault:
+      break;
+    case RopeType::kLlama3: {
+      s.low_freq_factor = required("low_freq_factor");
+      s.high_freq_factor = required("high_freq_factor");
+      const double orig = required("original_max_position_embeddings");
+      if (orig != std::floor(orig) || orig > (1 << 30))
+        throw Error(path, field("original_max_position_embeddings"), "expected a positive integer, found " + rs["original_max_position_embeddings"].dump());
+      s.original_max_position_embeddings = int(orig);
+      if (!(s.high_freq_factor > s.low_freq_factor))
+        throw Error(path, field("high_freq_factor"), rs["high_freq_factor"].dump() + " is not above low_freq_factor " +
+                                                         rs["low_freq_factor"].dump());
+      break;
+    }
+    case RopeType::kYarn: {
+      s.beta_fast = optional("beta_fast", 32.0);
+      s.beta_slow = optional("beta_slow", 1.0);
+      s.mscale = optional("mscale", 0.0);
+      s.mscale_all_dim = optional("mscale_all_dim", 0.0);
+      s.attention_factor = optional("attention_factor", 0.0);
+      s.truncate = r.boolean("truncate", true);
+      if (r.has("original_max_position_embeddings")) {
+        const double orig = number("original_max_position_embeddings", true);
+        if (orig != std::floor(orig) || orig > (1 << 30))
+          throw Error(path, field("original_max_position_embeddings"), "expected a positive integer, found " + rs["original_max_position_embeddings"].dump());
+        s.original_max_position_embeddings = int(orig);
+      }
+      break;
+    }
+  }
 }
 
 // Per-architecture attention and MLP features, with transformers' defaults for absent keys.
@@ -293,8 +375,7 @@ ModelConfig parse_hf_config(const std::string& path) {
   const std::string act = r.string("hidden_act");
   if (!act.empty() && act != "silu")
     throw Error(path, "hidden_act", "'" + act + "' is not supported (silu)");
-  if (r.has("rope_scaling"))
-    throw Error(path, "rope_scaling", r.raw("rope_scaling").dump() + " is not supported");
+  parse_rope_scaling(j, path, &c);
   if (r.boolean("mlp_bias", false)) throw Error(path, "mlp_bias", "true is not supported");
 
   parse_architecture_features(r, j, path, &c);

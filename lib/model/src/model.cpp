@@ -4,6 +4,7 @@
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -46,25 +47,24 @@ Model Model::load(const std::string& path) {
 
 namespace {
 
-// cos/sin of pos * theta^(-2i/d_r) for every position and rotary block: [seq][d_r/2].
+// af * cos/sin of pos * inv_freq[i] for every position and rotary block: [seq][d_r/2]. The
+// inverse rotation uses 1/af, so that rotating back undoes the attention factor too.
 struct RopeTable {
   int half = 0;
   std::vector<float> cos, sin;
 };
 
-RopeTable make_rope_table(const int64_t* positions, int seq, const ModelConfig& cfg) {
+RopeTable make_rope_table(const int64_t* positions, int seq, const RopeParams& rp, bool inverse) {
   RopeTable tab;
-  tab.half = cfg.rotary_dim / 2;
-  std::vector<double> inv_freq(tab.half);
-  for (int i = 0; i < tab.half; ++i)
-    inv_freq[i] = std::pow(cfg.rope_theta, -2.0 * i / cfg.rotary_dim);
+  tab.half = int(rp.inv_freq.size());
+  const double af = inverse ? 1.0 / rp.attention_factor : rp.attention_factor;
   tab.cos.resize(size_t(seq) * tab.half);
   tab.sin.resize(size_t(seq) * tab.half);
   for (int t = 0; t < seq; ++t)
     for (int i = 0; i < tab.half; ++i) {
-      const double angle = double(positions[t]) * inv_freq[i];  // double: exact at long positions
-      tab.cos[size_t(t) * tab.half + i] = float(std::cos(angle));
-      tab.sin[size_t(t) * tab.half + i] = float(std::sin(angle));
+      const double angle = double(positions[t]) * rp.inv_freq[size_t(i)];  // double: exact at long positions
+      tab.cos[size_t(t) * tab.half + i] = float(af * std::cos(angle));
+      tab.sin[size_t(t) * tab.half + i] = float(af * std::sin(angle));
     }
   return tab;
 }
@@ -329,7 +329,8 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
 
   std::vector<int64_t> positions(T);
   for (int64_t t = 0; t < T; ++t) positions[t] = opts.pos0 + t;
-  const RopeTable rope = make_rope_table(positions.data(), int(T), c);
+  // `dynamic` RoPE depends on the length run: HF takes the largest position + 1.
+  const RopeTable rope = make_rope_table(positions.data(), int(T), rope_params(c, opts.pos0 + T), false);
   const int64_t H = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim, I = c.intermediate_size;
   const int64_t qd = H * d, kvd = Hk * d;
   WorkspaceLease lease(*w_, c, B, T);
@@ -399,16 +400,17 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
 }
 
 void apply_rope_windows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,
-                        const int64_t* positions, const ModelConfig& cfg, bool inverse) {
+                        const int64_t* positions, const ModelConfig& cfg, bool inverse, int64_t rope_len) {
   KVQ_ASSERT(cfg.rotary_dim >= 2 && cfg.rotary_dim <= head_dim && cfg.rotary_dim % 2 == 0);
   if (seq <= 0 || n_windows <= 0) return;
-  const RopeTable tab = make_rope_table(positions, seq, cfg);
+  if (rope_len <= 0) rope_len = *std::max_element(positions, positions + seq) + 1;
+  const RopeTable tab = make_rope_table(positions, seq, rope_params(cfg, rope_len), inverse);
   rope_rows(x, n_windows, seq, rows_per_pos, head_dim, tab, cfg.pairing, inverse);
 }
 
 void apply_rope(float* x, int64_t rows_per_pos, int seq, int head_dim, const int64_t* positions,
-                const ModelConfig& cfg, bool inverse) {
-  apply_rope_windows(x, 1, seq, rows_per_pos, head_dim, positions, cfg, inverse);
+                const ModelConfig& cfg, bool inverse, int64_t rope_len) {
+  apply_rope_windows(x, 1, seq, rows_per_pos, head_dim, positions, cfg, inverse, rope_len);
 }
 
 int set_threads(int n) {

@@ -44,6 +44,8 @@ codec::RopeSpec rope_of(const CalibProvenance& p) {
   r.theta = p.rope_theta;
   r.rotary_dim = p.rotary_dim;
   r.interleaved = p.pairing == RopePairing::kInterleaved;
+  r.inv_freq = p.rope_inv_freq;
+  r.attention_factor = p.rope_attention_factor;
   return r;
 }
 

@@ -68,6 +68,12 @@ std::string model_block(const CalibProvenance& p) {
        std::to_string(p.n_kv_heads ? p.n_heads / p.n_kv_heads : 0) + "), head dim " + std::to_string(p.head_dim) +
        ", rotary dim " + std::to_string(p.rotary_dim) + ", " + to_string(p.pairing) + " RoPE pairing, theta " +
        fmt(p.rope_theta, 6) + "\n";
+  if (p.rope_type != "default" || p.rope_attention_factor != 1.0)
+    s += "  rope         " + p.rope_type + " scaling, attention factor " + fmt(p.rope_attention_factor, 6) +
+         (p.rope_inv_freq.empty() ? std::string()
+                                  : ", inv_freq " + fmt(p.rope_inv_freq.front(), 6) + " .. " +
+                                        fmt(p.rope_inv_freq.back(), 6)) +
+         "\n";
   return s;
 }
 
@@ -142,7 +148,7 @@ std::vector<Table> calib_tables(const CalibFile& c) {
 
 std::string calib_summary_text(const CalibFile& c, const std::string& path) {
   const auto& p = c.prov;
-  std::string s = std::string(kCalibFormat) + " v" + std::to_string(kCalibVersion) + "  " + path + "\n";
+  std::string s = std::string(kCalibFormat) + " v" + std::to_string(c.format_version) + "  " + path + "\n";
   s += model_block(p);
   for (const auto& f : p.corpus)
     s += "  corpus       " + f.path + "  " + std::to_string(f.bytes) + " bytes, sha256 " + short_hash(f.sha256) +
@@ -207,7 +213,7 @@ json calib_summary_json(const CalibFile& c, const std::string& path) {
           {"inspect_version", 1},
           {"file", path},
           {"format", kCalibFormat},
-          {"version", kCalibVersion},
+          {"version", c.format_version},
           {"content_digest", calib_content_digest(c)},
           {"provenance", json::parse(provenance_to_json(c.prov))},
           {"windows_done", c.windows_done},

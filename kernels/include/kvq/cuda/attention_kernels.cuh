@@ -55,6 +55,7 @@ struct AttnParams {
   const float* q;               // [n_q][d]
   const int32_t* positions;     // [T] (RoPE only)
   const double* inv_freq;       // [rotary_dim / 2] (RoPE only)
+  double rope_attention_factor; // cos/sin multiplier (YaRN; 1 otherwise)
   int rotary_dim;
   int interleaved;
   int rope_enabled;
@@ -134,8 +135,13 @@ inline AttnPlan plan_attention(const codec::AttentionProblem& p, const std::vect
   plan.rotary_dim = p.rope.rotary_dim > 0 ? p.rope.rotary_dim : d;
   if (plan.rope) {
     plan.inv_freq.resize(static_cast<size_t>(plan.rotary_dim / 2));
+    if (!p.rope.inv_freq.empty() && p.rope.inv_freq.size() != plan.inv_freq.size())
+      throw Error("", "cuda attention: rope.inv_freq",
+                  std::to_string(p.rope.inv_freq.size()) + " entries for rotary dim " + std::to_string(plan.rotary_dim));
     for (int i = 0; i < plan.rotary_dim / 2; ++i)  // the CPU reference's expression, in double
-      plan.inv_freq[static_cast<size_t>(i)] = std::pow(p.rope.theta, -2.0 * i / plan.rotary_dim);
+      plan.inv_freq[static_cast<size_t>(i)] = p.rope.inv_freq.empty()
+                                                   ? std::pow(p.rope.theta, -2.0 * i / plan.rotary_dim)
+                                                   : p.rope.inv_freq[static_cast<size_t>(i)];
   }
   plan.split = plan_splits(p.n_tokens, n_kv, sm_count);
   plan.scale = p.softmax_scale > 0.f ? p.softmax_scale
@@ -171,6 +177,7 @@ inline AttnParams make_attn_params(const codec::AttentionProblem& p, const AttnP
   P.positions = plan.rope ? b.positions : nullptr;
   P.inv_freq = plan.rope ? b.inv_freq : nullptr;
   P.rotary_dim = plan.rotary_dim;
+  P.rope_attention_factor = p.rope.attention_factor;
   P.interleaved = p.rope.interleaved ? 1 : 0;
   P.rope_enabled = plan.rope ? 1 : 0;
   P.n_q = p.n_q_heads;
@@ -249,6 +256,8 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(AttnParams 
         const double ang = (double)P.positions[t0 + t] * P.inv_freq[i];
         double s, c;
         sincos(ang, &s, &c);
+        s *= P.rope_attention_factor;
+        c *= P.rope_attention_factor;
         const int a = P.interleaved ? 2 * i : i;
         const int b = P.interleaved ? 2 * i + 1 : i + nb;
         float* row = xk + t * d;

@@ -12,11 +12,15 @@ namespace kvq::codec {
 // RoPE applied to decoded keys whose decision says post_rope == false (keys cached pre-RoPE).
 // Block i < rotary_dim/2 rotates by pos * theta^(-2i/rotary_dim) the pair (2i, 2i+1) when
 // interleaved (Meta / llama2.c) or (i, i + rotary_dim/2) when split-half (HF rotate_half).
+// A model with scaled RoPE (llama3, yarn, ...) gives its own inverse frequencies and attention
+// factor (cos/sin are multiplied by it), as the calibration file records them.
 struct RopeSpec {
   bool enabled = false;
   double theta = 10000.0;
   int rotary_dim = 0;  // 0 means head_dim
   bool interleaved = false;
+  std::vector<double> inv_freq;   // [rotary_dim / 2]; empty: theta^(-2i/rotary_dim)
+  double attention_factor = 1.0;
 };
 
 // Rotates x[0..d) in place for position pos (angles and sin/cos in double).

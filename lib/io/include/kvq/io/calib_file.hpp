@@ -13,7 +13,10 @@
 namespace kvq {
 
 inline constexpr const char* kCalibFormat = "kvq-calibration";
-inline constexpr int64_t kCalibVersion = 1;  // written to disk; bump on any layout change
+// Written to disk; bump on any layout change. 2: provenance records the model's RoPE (rope_type,
+// rope_inv_freq, rope_attention_factor); version-1 files read as unscaled theta^(-2i/d_r) RoPE.
+inline constexpr int64_t kCalibVersion = 2;
+inline constexpr int64_t kCalibOldestVersion = 1;
 
 struct CalibProvenance {
   std::string tool_version;
@@ -23,6 +26,11 @@ struct CalibProvenance {
   RopePairing pairing = RopePairing::kSplitHalf;
   int rotary_dim = 0;
   double rope_theta = 0.0;
+  // The RoPE of the calibration windows (rope_params(cfg, seq_len)): every post-RoPE computation
+  // downstream (Block-GTQ post-RoPE coding, kvq-verify's RoPE logits, kvq-eval, CUDA) uses it.
+  std::string rope_type = "default";
+  std::vector<double> rope_inv_freq;  // [rotary_dim / 2]
+  double rope_attention_factor = 1.0;
   int head_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0;
   std::vector<int> gqa_map;  // query head -> KV head
   std::vector<CorpusFile> corpus;
@@ -57,6 +65,7 @@ struct Holdout {
 };
 
 struct CalibFile {
+  int64_t format_version = kCalibVersion;  // as read; files are always written at kCalibVersion
   CalibProvenance prov;
   Moments moments;
   std::vector<int64_t> calib_offsets;    // token-stream offsets of the calibration windows

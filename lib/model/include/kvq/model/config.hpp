@@ -15,6 +15,32 @@ enum class RopePairing : uint32_t {
 const char* to_string(RopePairing p);
 RopePairing rope_pairing_from_string(const std::string& s);  // throws kvq::Error
 
+// RoPE scaling as config.json's `rope_scaling` (or transformers-5 `rope_parameters`) states it.
+// Written to disk by name (calibration provenance `rope_type`): never rename.
+enum class RopeType : uint32_t { kDefault = 0, kLinear = 1, kDynamic = 2, kLlama3 = 3, kYarn = 4 };
+const char* to_string(RopeType t);
+RopeType rope_type_from_string(const std::string& s);  // throws kvq::Error
+
+struct RopeScaling {
+  RopeType type = RopeType::kDefault;
+  double factor = 1.0;
+  // llama3
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  int original_max_position_embeddings = 0;  // llama3 (required), yarn (0: max_position_embeddings)
+  // yarn
+  double beta_fast = 32.0, beta_slow = 1.0;
+  double mscale = 0.0, mscale_all_dim = 0.0;  // 0: not given
+  double attention_factor = 0.0;              // 0: not given (derived from factor/mscale)
+  bool truncate = true;
+};
+
+// The RoPE of one sequence: the per-block inverse frequencies (block i turns by pos * inv_freq[i])
+// and the factor cos/sin are multiplied by (YaRN; 1 otherwise, so q.k logits scale by its square).
+struct RopeParams {
+  std::vector<double> inv_freq;  // [rotary_dim / 2]
+  double attention_factor = 1.0;
+};
+
 struct ModelConfig {
   std::string architecture;  // HF model_type (llama, mistral, qwen2, qwen3, qwen3_moe, mixtral) or "llama2c"
   int hidden_size = 0;
@@ -26,6 +52,7 @@ struct ModelConfig {
   int vocab_size = 0;
   int max_seq_len = 0;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   int rotary_dim = 0;  // d_r <= head_dim (partial rotary); dims >= d_r are not rotated
   RopePairing pairing = RopePairing::kSplitHalf;
   double rms_norm_eps = 1e-5;
@@ -57,6 +84,13 @@ struct ModelConfig {
   int kv_head_of(int query_head) const { return query_head / group_size(); }
   int n_rope_blocks() const { return head_dim / 2; }  // includes theta=0 pairs past d_r
 };
+
+// theta^(-2i/d_r) for i < d_r/2, in double (HF computes it in fp32; kvq keeps double throughout).
+std::vector<double> rope_default_inv_freq(double theta, int rotary_dim);
+// The RoPE a forward over positions [0, seq_len) uses: the scaled inverse frequencies and attention
+// factor of cfg.rope_scaling. Only `dynamic` depends on seq_len (NTK base growth past
+// max_seq_len); seq_len <= 0 means max_seq_len.
+RopeParams rope_params(const ModelConfig& cfg, int64_t seq_len);
 
 // Coordinates (a, b) of RoPE block i for a head of dimension d with rotary dim d_r. Blocks at or
 // past d_r/2 are the unrotated tail, paired in the same convention over the tail dims.
