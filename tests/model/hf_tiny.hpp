@@ -55,8 +55,8 @@ struct Spec {
   int max_window_layers = 0;
   int bos_id = 1, eos_id = 2;
   // Weight scales: N(0, scale) for linear layers, N(0, embed_scale) for the embedding, norms
-  // 1 + N(0, norm_jitter); the router gets router_scale.
-  double scale = 0.2, embed_scale = 1.0, norm_jitter = 0.1, router_scale = 1.0;
+  // 1 + N(0, norm_jitter), q/k norms 1 + N(0, qk_norm_jitter); the router gets router_scale.
+  double scale = 0.2, embed_scale = 1.0, norm_jitter = 0.1, router_scale = 1.0, qk_norm_jitter = 0.5;
   uint32_t seed = 1;
   nlohmann::json extra = nlohmann::json::object();  // merged into config.json last (rope_scaling ...)
 
@@ -175,8 +175,8 @@ inline TensorMap make_weights(const Spec& s) {
     }
     if (s.qk_norm()) {
       // Far from 1 so that skipping the norm changes the logits clearly.
-      add(p + "self_attn.q_norm.weight", {s.head_dim}, 0.5, 1.0);
-      add(p + "self_attn.k_norm.weight", {s.head_dim}, 0.5, 1.0);
+      add(p + "self_attn.q_norm.weight", {s.head_dim}, s.qk_norm_jitter, 1.0);
+      add(p + "self_attn.k_norm.weight", {s.head_dim}, s.qk_norm_jitter, 1.0);
     }
     if (s.is_moe_layer(l)) {
       add(router_tensor_name(s, l), {s.experts, D}, s.router_scale);

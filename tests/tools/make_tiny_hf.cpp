@@ -1,0 +1,264 @@
+// kvq-make-tiny-hf: writes a tiny, untrained HF model directory of one family for the end-to-end
+// pipeline tests — config.json in the family's keys, seeded N(0, scale) weights in BF16 over two
+// safetensors shards with model.safetensors.index.json, and a tiny byte-level BPE tokenizer.json
+// (256 ByteLevel byte symbols + a few dozen merges of common English pairs + the family's special
+// tokens; vocab_size matches it). Test data only: built with the tests, never installed.
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "hf_tiny.hpp"
+
+namespace {
+
+using nlohmann::json;
+namespace hf = kvq::test::hf;
+
+const char* kUsage =
+    "usage: kvq-make-tiny-hf --family llama3|qwen3|qwen3-moe|mixtral|mistral-swa --out DIR [--seed S] [--scale X]\n"
+    "  Writes a tiny untrained model directory in the Hugging Face layout (test data).\n"
+    "  --family  llama3: Llama with rope_scaling llama3 (factor 8, original 64), BOS template;\n"
+    "            qwen3: q/k norm, explicit head_dim, tied embeddings, Qwen tokenizer (NFC, no BOS);\n"
+    "            qwen3-moe: Qwen3-MoE, 8 experts top-2, norm_topk_prob, layer 1 dense;\n"
+    "            mixtral: 4 experts top-2; mistral-swa: Mistral with sliding_window 32\n"
+    "  --out     directory to create (must not exist or be empty)\n"
+    "  --seed    weight seed (default 0)\n"
+    "  --scale   std of the weights (default 0.02)\n";
+
+// GPT-2 / HF ByteLevel: the printable bytes map to themselves, the other 68 to U+0100 + n. The
+// vocabulary ids follow the same order (printable bytes first), as in GPT-2-derived vocabularies.
+std::vector<std::string> byte_level_symbols() {
+  std::vector<int> bs;
+  for (int b = 0x21; b <= 0x7E; ++b) bs.push_back(b);
+  for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
+  for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
+  std::vector<int> cs = bs;
+  const std::set<int> printable(bs.begin(), bs.end());
+  int n = 0;
+  for (int b = 0; b < 256; ++b)
+    if (!printable.count(b)) {
+      bs.push_back(b);
+      cs.push_back(256 + n++);
+    }
+  auto utf8 = [](int cp) {
+    std::string s;
+    if (cp < 0x80) {
+      s += char(cp);
+    } else {
+      s += char(0xC0 | (cp >> 6));
+      s += char(0x80 | (cp & 0x3F));
+    }
+    return s;
+  };
+  std::vector<std::string> out;
+  for (int c : cs) out.push_back(utf8(c));
+  return out;
+}
+
+// "Ġ" is the ByteLevel symbol of a space, "Ċ" of a newline.
+const std::vector<std::pair<std::string, std::string>> kMerges = {
+    {"Ġ", "t"},  {"h", "e"},   {"Ġ", "a"},  {"i", "n"},    {"Ġt", "he"}, {"e", "r"},   {"o", "n"},
+    {"Ġ", "s"},  {"e", "d"},   {"Ġ", "w"},  {"o", "u"},    {"a", "n"},   {"r", "e"},   {"Ġ", "o"},
+    {"i", "s"},  {"e", "n"},   {"Ġ", "b"},  {"Ġ", "c"},    {"n", "d"},   {"i", "t"},   {"Ġ", "f"},
+    {"Ġ", "h"},  {"Ġ", "m"},   {"o", "r"},  {"in", "g"},   {"Ġa", "nd"}, {"Ġ", "d"},   {"a", "t"},
+    {"e", "s"},  {"Ġ", "l"},   {"Ġ", "p"},  {"l", "l"},    {"Ġo", "f"},  {"Ġ", "G"},   {"o", "d"},
+    {"ĠG", "od"}, {"Ġt", "h"}, {"Ġth", "at"}, {"Ġ", "L"},  {"Ġ", "u"},   {"Ġ", "i"},   {"Ġi", "n"},
+    {"Ġ", "n"},  {"a", "s"},   {"Ċ", "Ċ"},  {"Ġ", "Ġ"},    {"Ġs", "a"},  {"i", "d"}};
+
+const char* kLlama3Regex =
+    R"RE((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)RE";
+const char* kQwenRegex =
+    R"RE((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)RE";
+
+struct Tok {
+  json tokenizer, tokenizer_config;
+  int vocab_size = 0;
+  int bos = -1, eos = -1;
+};
+
+Tok make_tokenizer(bool qwen) {
+  json vocab = json::object();
+  std::vector<std::string> syms = byte_level_symbols();
+  std::set<std::string> have(syms.begin(), syms.end());
+  for (size_t i = 0; i < syms.size(); ++i) vocab[syms[i]] = int(i);
+  json merges = json::array();
+  for (const auto& [a, b] : kMerges) {
+    if (!have.count(a) || !have.count(b) || have.count(a + b)) {
+      std::cerr << "kvq-make-tiny-hf: internal: bad merge '" << a << " " << b << "'\n";
+      std::abort();
+    }
+    have.insert(a + b);
+    vocab[a + b] = int(vocab.size());
+    if (qwen)
+      merges.push_back(json::array({a, b}));  // the newer ["a", "b"] form
+    else
+      merges.push_back(a + " " + b);          // the classic "a b" form
+  }
+  const std::vector<std::string> specials =
+      qwen ? std::vector<std::string>{"<|endoftext|>", "<|im_start|>", "<|im_end|>"}
+           : std::vector<std::string>{"<|begin_of_text|>", "<|end_of_text|>"};
+  json added = json::array();
+  const int base = int(vocab.size());
+  for (size_t i = 0; i < specials.size(); ++i)
+    added.push_back({{"id", base + int(i)}, {"content", specials[i]}, {"single_word", false}, {"lstrip", false},
+                     {"rstrip", false}, {"normalized", false}, {"special", true}});
+  Tok t;
+  t.vocab_size = base + int(specials.size());
+  t.bos = qwen ? base : base;  // Qwen: config bos_token_id is <|endoftext|>, never prepended
+  t.eos = qwen ? base : base + 1;
+  const json split = {{"type", "Split"}, {"pattern", {{"Regex", qwen ? kQwenRegex : kLlama3Regex}}},
+                      {"behavior", "Isolated"}, {"invert", false}};
+  const json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}};
+  json post;
+  if (qwen) {
+    post = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false}, {"use_regex", false}};
+  } else {
+    const json bos = {{"SpecialToken", {{"id", specials[0]}, {"type_id", 0}}}};
+    post = {{"type", "TemplateProcessing"},
+            {"single", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}}},
+            {"pair", {bos, {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
+                      {{"SpecialToken", {{"id", specials[0]}, {"type_id", 1}}}},
+                      {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
+            {"special_tokens", {{specials[0], {{"id", specials[0]}, {"ids", {base}}, {"tokens", {specials[0]}}}}}}};
+  }
+  t.tokenizer = {{"version", "1.0"},
+                 {"truncation", nullptr},
+                 {"padding", nullptr},
+                 {"added_tokens", added},
+                 {"normalizer", qwen ? json{{"type", "NFC"}} : json(nullptr)},
+                 {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", {split, byte_level}}}},
+                 {"post_processor", post},
+                 {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+                 {"model",
+                  {{"type", "BPE"},
+                   {"dropout", nullptr},
+                   {"unk_token", nullptr},
+                   {"continuing_subword_prefix", nullptr},
+                   {"end_of_word_suffix", nullptr},
+                   {"fuse_unk", false},
+                   {"byte_fallback", false},
+                   {"ignore_merges", !qwen},
+                   {"vocab", vocab},
+                   {"merges", merges}}}};
+  if (qwen)
+    t.tokenizer_config = {{"bos_token", nullptr}, {"eos_token", "<|endoftext|>"}, {"pad_token", "<|endoftext|>"},
+                          {"add_prefix_space", false}, {"model_max_length", 512}, {"tokenizer_class", "Qwen2Tokenizer"}};
+  else
+    t.tokenizer_config = {{"bos_token", specials[0]}, {"eos_token", specials[1]}, {"model_max_length", 512},
+                          {"tokenizer_class", "PreTrainedTokenizerFast"}};
+  return t;
+}
+
+hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
+  hf::Spec s;
+  s.hidden = 64;
+  s.layers = 2;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 16;
+  s.inter = 128;
+  s.max_pos = 512;
+  s.eps = 1e-5;
+  s.seed = seed;
+  s.scale = scale;
+  s.embed_scale = scale;
+  s.norm_jitter = 0.0;
+  s.qk_norm_jitter = 0.0;
+  s.router_scale = 0.5;  // decisive routing: top-k does not flip on tiny perturbations
+  if (family == "llama3") {
+    s.family = "llama";
+    s.theta = 500000.0;
+    s.extra["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                               {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  } else if (family == "qwen3") {
+    s.family = "qwen3";
+    s.head_dim = 32;  // explicit, != hidden / heads
+    s.tied = true;
+    s.theta = 1e6;
+    s.eps = 1e-6;
+  } else if (family == "qwen3-moe") {
+    s.family = "qwen3_moe";
+    s.layers = 3;
+    s.experts = 8;
+    s.top_k = 2;
+    s.moe_inter = 32;
+    s.norm_topk_prob = true;
+    s.mlp_only_layers = {1};
+    s.theta = 1e6;
+    s.eps = 1e-6;
+  } else if (family == "mixtral") {
+    s.family = "mixtral";
+    s.experts = 4;
+    s.top_k = 2;
+    s.inter = 64;
+    s.theta = 1e6;
+  } else if (family == "mistral-swa") {
+    s.family = "mistral";
+    s.sliding_window = 32;
+  } else {
+    throw std::invalid_argument("--family: unknown '" + family + "' (llama3, qwen3, qwen3-moe, mixtral, mistral-swa)");
+  }
+  return s;
+}
+
+int run(int argc, char** argv) {
+  std::string family, out;
+  uint32_t seed = 0;
+  double scale = 0.02;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::cout << kUsage;
+      return 0;
+    }
+    if (i + 1 >= argc) throw std::invalid_argument(a + ": missing value");
+    const std::string v = argv[++i];
+    if (a == "--family") {
+      family = v;
+    } else if (a == "--out") {
+      out = v;
+    } else if (a == "--seed") {
+      char* end = nullptr;
+      const unsigned long long x = std::strtoull(v.c_str(), &end, 10);
+      if (v.empty() || *end || x > 0xFFFFFFFFull) throw std::invalid_argument("--seed: expected an integer in [0, 2^32), found '" + v + "'");
+      seed = uint32_t(x);
+    } else if (a == "--scale") {
+      char* end = nullptr;
+      scale = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(scale > 0 && scale < 10)) throw std::invalid_argument("--scale: expected a number in (0, 10), found '" + v + "'");
+    } else {
+      throw std::invalid_argument("unknown flag '" + a + "'");
+    }
+  }
+  if (family.empty() || out.empty()) throw std::invalid_argument("--family and --out are required");
+  hf::Spec s = spec_for(family, seed, scale);
+  const bool qwen = s.family == "qwen3" || s.family == "qwen3_moe";
+  const Tok tok = make_tokenizer(qwen);
+  s.vocab = tok.vocab_size;
+  s.bos_id = tok.bos;
+  s.eos_id = tok.eos;
+  namespace fs = std::filesystem;
+  if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
+    throw std::invalid_argument("--out: '" + out + "' exists and is not an empty directory");
+  fs::create_directories(out);
+  hf::write_model(out, hf::make_config(s), hf::make_weights(s), 2);
+  hf::write_file(out + "/tokenizer.json", tok.tokenizer.dump(2));
+  hf::write_file(out + "/tokenizer_config.json", tok.tokenizer_config.dump(2));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "kvq-make-tiny-hf: " << e.what() << "\n";
+    return 2;
+  }
+}
