@@ -24,7 +24,7 @@ TEST(Golden, FilesAreUnchanged) {
     EXPECT_EQ(sha256_file(golden(name)), sha) << name << " was modified: golden files are never rewritten";
     ++n;
   }
-  EXPECT_EQ(n, 3);
+  EXPECT_EQ(n, 4);
 }
 
 TEST(Golden, CalibrationV1) {
@@ -53,6 +53,22 @@ TEST(Golden, CalibrationV1) {
   EXPECT_EQ(c.prov.rope_attention_factor, 1.0);
   ASSERT_EQ(c.prov.rope_inv_freq.size(), 32u);
   for (int i = 0; i < 32; ++i) EXPECT_DOUBLE_EQ(c.prov.rope_inv_freq[size_t(i)], std::pow(10000.0, -i / 32.0));
+}
+
+TEST(Golden, CalibrationV2RecordsTheRope) {
+  CalibFile c = read_calib(golden("calib-v2.kvqcal.h5"));
+  EXPECT_EQ(c.format_version, 2);
+  EXPECT_EQ(c.prov.model_config_sha256, "eff52c13762503e9e654721d548750393ebc81652c4555b5ae85b0e846ebdcfa");
+  // The demo model has no rope_scaling: theta 10000 over its 64 rotary dims.
+  EXPECT_EQ(c.prov.rope_type, "default");
+  EXPECT_EQ(c.prov.rope_attention_factor, 1.0);
+  ASSERT_EQ(c.prov.rope_inv_freq.size(), 32u);
+  for (int i = 0; i < 32; ++i) EXPECT_DOUBLE_EQ(c.prov.rope_inv_freq[size_t(i)], std::pow(10000.0, -i / 32.0));
+  // The same run as calib-v1: the statistics did not change with the format.
+  CalibFile v1 = read_calib(golden("calib-v1.kvqcal.h5"));
+  EXPECT_EQ(c.moments.k.gram, v1.moments.k.gram);
+  EXPECT_EQ(c.moments.q.sum, v1.moments.q.sum);
+  EXPECT_EQ(c.holdout.ids, v1.holdout.ids);
 }
 
 TEST(Golden, AllocationsV1) {
