@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 
 #include "kvq/cli/cli.hpp"
 #include "kvq/eval/generate.hpp"
@@ -17,6 +18,7 @@ int main(int argc, char** argv) {
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   std::string model_path, tok_path, prompt = "Once upon a time", ppl_text;
+  std::string json_out;
   int steps = 32, window = 256;
   kvq::cli::add_model(app, model_path);
   app.add_option("--tokenizer", tok_path, "tokenizer file (default: the model's own)");
@@ -25,6 +27,9 @@ int main(int argc, char** argv) {
   app.add_option("--ppl-text", ppl_text, "text file: perplexity of [BOS] + its first --window-1 tokens");
   app.add_option("--window", window, "perplexity window in tokens, BOS included")->default_val(257)
       ->check(CLI::Range(2, 1 << 20));
+  app.add_option("--json", json_out,
+                 "write {prompt_ids, generated_ids, last_top10 (the prompt's last position: id, logit), "
+                 "ppl_window_tokens, ppl_mean_nll} as JSON (atomically)");
   CLI11_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-generate", [&] {
@@ -41,6 +46,12 @@ int main(int argc, char** argv) {
     std::vector<int> gen(out.begin(), out.end());
     std::printf("prompt: %s\ngenerated (%d tokens, %.2f s): %s\n", prompt.c_str(), int(out.size()), secs,
                 tok->decode(gen).c_str());
+    nlohmann::json report = {{"model", model_path}, {"tokenizer", tok->path()}, {"tokenizer_sha256", tok->sha256()},
+                             {"prompt", prompt}, {"prompt_ids", ids}, {"generated_ids", out}};
+    nlohmann::json top = nlohmann::json::array();
+    if (!json_out.empty())
+      for (const auto& t : kvq::last_top_logits(m, ids, 10)) top.push_back({{"id", t.id}, {"logit", t.logit}});
+    report["last_top10"] = top;
     if (!ppl_text.empty()) {
       std::string text = kvq::read_file(ppl_text);
       auto enc = tok->encode(text);
@@ -51,7 +62,11 @@ int main(int argc, char** argv) {
       double nll = kvq::window_nll(m, w);
       std::printf("perplexity on %s (%d tokens, one causal window): %.4f (mean NLL %.5f nats)\n", ppl_text.c_str(),
                   int(w.size()), std::exp(nll), nll);
+      report["ppl_text"] = ppl_text;
+      report["ppl_window_tokens"] = w.size();
+      report["ppl_mean_nll"] = nll;
     }
+    if (!json_out.empty()) kvq::write_file_atomically(json_out, report.dump(1) + "\n");
     return 0;
   });
 }

@@ -2,6 +2,8 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
+
 #include "kvq/util/error.hpp"
 
 namespace kvq {
@@ -22,6 +24,21 @@ std::vector<int64_t> greedy_generate(const Model& m, const std::vector<int64_t>&
     ids.push_back(next);
     out.push_back(next);
   }
+  return out;
+}
+
+std::vector<TopLogit> last_top_logits(const Model& m, const std::vector<int64_t>& ids, int k) {
+  if (ids.empty()) throw Error("", "prompt", "is empty: nothing to score");
+  c10::InferenceMode guard;
+  at::Tensor last = m.forward(ids_tensor(ids))[0][int64_t(ids.size()) - 1].contiguous();  // [V]
+  const float* p = last.data_ptr<float>();
+  std::vector<int64_t> order(size_t(last.numel()));
+  for (size_t i = 0; i < order.size(); ++i) order[i] = int64_t(i);
+  const size_t n = std::min(order.size(), size_t(std::max(0, k)));
+  std::partial_sort(order.begin(), order.begin() + long(n), order.end(),
+                    [&](int64_t a, int64_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+  std::vector<TopLogit> out;
+  for (size_t i = 0; i < n; ++i) out.push_back({order[i], p[order[i]]});
   return out;
 }
 
