@@ -1,0 +1,108 @@
+// Forward throughput (tokens/s) of each architecture on one shape (the demo model's: D 256, 4
+// layers, 4/2 heads of 64, vocab 1024), from seeded untrained checkpoints written at start-up:
+// llama (dense baseline, intermediate 512), qwen3 (+ q/k norm), qwen3_moe and mixtral (8 experts,
+// top-2 of width 256: the same active MLP FLOPs as the baseline), mistral with a 64-token sliding
+// window, with and without a capture observer.
+#include <benchmark/benchmark.h>
+
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <random>
+
+#include "hf_tiny.hpp"
+#include "kvq/model/model.hpp"
+
+namespace {
+
+namespace hf = kvq::test::hf;
+
+hf::Spec spec(const std::string& family) {
+  hf::Spec s;
+  s.family = family;
+  s.hidden = 256;
+  s.layers = 4;
+  s.heads = 4;
+  s.kv_heads = 2;
+  s.head_dim = 64;
+  s.inter = 512;
+  s.vocab = 1024;
+  s.scale = 0.05;
+  if (family == "qwen3_moe" || family == "mixtral") {
+    s.experts = 8;
+    s.top_k = 2;
+    s.moe_inter = 256;
+    if (family == "mixtral") s.inter = 256;
+  }
+  if (family == "mistral") s.sliding_window = 64;
+  return s;
+}
+
+const kvq::Model* model(const std::string& family) {
+  static std::map<std::string, std::unique_ptr<kvq::Model>> cache;
+  auto& m = cache[family];
+  if (!m) {
+    const std::string dir = (std::filesystem::temp_directory_path() / ("kvq_bench_arch_" + family)).string();
+    std::filesystem::remove_all(dir);
+    const hf::Spec s = spec(family);
+    hf::write_model(dir, hf::make_config(s), hf::make_weights(s), 2);
+    m = std::make_unique<kvq::Model>(kvq::Model::load(dir));
+    std::filesystem::remove_all(dir);
+  }
+  return m.get();
+}
+
+struct NullObserver : kvq::CaptureObserver {
+  void on_layer(const kvq::LayerCapture& c) override { benchmark::DoNotOptimize(c.k); }
+};
+
+// args: batch, seq, observer (0/1)
+void run(benchmark::State& state, const std::string& family) {
+  const kvq::Model* m = model(family);
+  const int64_t B = state.range(0), T = state.range(1);
+  std::mt19937 rng(1);
+  std::vector<int64_t> v(static_cast<size_t>(B * T));
+  for (auto& x : v) x = int64_t(rng() % uint32_t(m->config().vocab_size));
+  const at::Tensor ids = at::tensor(v, at::kLong).view({B, T});
+  NullObserver obs;
+  kvq::Model::ForwardOptions opts;
+  if (state.range(2)) opts.observer = &obs;
+  for (auto _ : state) {
+    at::Tensor out = m->forward(ids, opts);
+    benchmark::DoNotOptimize(out);
+  }
+  state.SetItemsProcessed(state.iterations() * B * T);
+  state.counters["threads"] = at::get_num_threads();
+}
+
+void args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"B", "T", "observer"});
+  b->Args({8, 256, 0})->Args({8, 256, 1})->Args({1, 1024, 0});
+  b->Unit(benchmark::kMillisecond)->UseRealTime();
+}
+void BM_Llama(benchmark::State& s) { run(s, "llama"); }
+void BM_Qwen3(benchmark::State& s) { run(s, "qwen3"); }
+void BM_Qwen3Moe(benchmark::State& s) { run(s, "qwen3_moe"); }
+void BM_Mixtral(benchmark::State& s) { run(s, "mixtral"); }
+void BM_MistralSwa64(benchmark::State& s) { run(s, "mistral"); }
+BENCHMARK(BM_Llama)->Apply(args);
+BENCHMARK(BM_Qwen3)->Apply(args);
+BENCHMARK(BM_Qwen3Moe)->Apply(args);
+BENCHMARK(BM_Mixtral)->Apply(args);
+BENCHMARK(BM_MistralSwa64)->Apply(args);
+
+}  // namespace
+
+// Threads: KVQ_BENCH_THREADS (default 1), as bench_model_forward.
+int main(int argc, char** argv) {
+  const char* env = std::getenv("KVQ_BENCH_THREADS");
+  kvq::set_threads(env ? std::atoi(env) : 1);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
