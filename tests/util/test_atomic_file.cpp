@@ -52,6 +52,12 @@ TEST(AtomicFile, FatalSignalMidWriteRemovesTheTemporary) {
     ASSERT_GE(pid, 0);
     if (pid == 0) {
       ::close(ready[0]);
+      // The test relies on default dispositions: under nohup, cron or a CI runner without job
+      // control SIGINT/SIGHUP arrive ignored and are inherited so, and the child would never end.
+      for (int s : {SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
       kvq::write_atomically(out, [&](const std::string& tmp) {
         std::ofstream(tmp) << std::string(1 << 16, 'x');
         const char c = 1;
@@ -67,8 +73,19 @@ TEST(AtomicFile, FatalSignalMidWriteRemovesTheTemporary) {
     const std::string tmp = out + ".tmp." + std::to_string(pid);
     EXPECT_TRUE(fs::exists(tmp)) << "the child writes " << tmp;
     ::kill(pid, sig);
+    // Bounded wait: a child that survives its signal is a failure, not a hang.
     int status = 0;
-    ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+    pid_t got = 0;
+    for (int i = 0; i < 1000 && got == 0; ++i) {
+      got = ::waitpid(pid, &status, WNOHANG);
+      if (got == 0) ::usleep(10000);
+    }
+    if (got == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      FAIL() << "the writer did not end within 10 s of signal " << sig;
+    }
+    ASSERT_EQ(got, pid);
     EXPECT_TRUE(WIFSIGNALED(status));
     if (WIFSIGNALED(status)) EXPECT_EQ(WTERMSIG(status), sig);
     EXPECT_FALSE(fs::exists(tmp));

@@ -44,17 +44,19 @@ extern "C" void kvq_remove_temporaries_and_die(int sig) {
   std::raise(sig);
 }
 
+// Checked at every write rather than once per process: a forked child may have restored default
+// dispositions that its parent (started under nohup, say) had ignored. Three sigaction calls per
+// file written cost nothing beside the fsync.
 void install_handlers_once() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
-      struct sigaction old {};
-      if (::sigaction(sig, nullptr, &old) != 0) continue;
-      // Leave a handler someone else installed (or an ignored signal) alone.
-      if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) continue;
-      std::signal(sig, kvq_remove_temporaries_and_die);
-    }
-  });
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0) continue;
+    // Leave a handler someone else installed (or an ignored signal) alone.
+    if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) continue;
+    std::signal(sig, kvq_remove_temporaries_and_die);
+  }
 }
 
 // Registers `tmp` for removal on a fatal signal while alive; no-op when every slot is taken or the
