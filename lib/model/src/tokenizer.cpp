@@ -12,6 +12,7 @@
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
+#include "tokenizer_json.hpp"
 
 namespace fs = std::filesystem;
 
@@ -75,6 +76,7 @@ class SentencePieceTokenizer : public Tokenizer {
   }
   ~SentencePieceTokenizer() override { api_.free(handle_); }
 
+  using Tokenizer::encode;
   std::vector<int> encode(const std::string& text) const override {
     // Usually at most one id per byte plus the dummy prefix; normalisation can expand, so retry.
     std::vector<int> ids(text.size() + 16);
@@ -149,6 +151,7 @@ class Llama2cTokenizer : public Tokenizer {
     sha256_ = sha256_hex(bytes.data(), bytes.size());
   }
 
+  using Tokenizer::encode;
   std::vector<int> encode(const std::string& text) const override {
     std::vector<int> ids;
     if (text.empty()) return ids;
@@ -245,8 +248,34 @@ class Llama2cTokenizer : public Tokenizer {
 
 }  // namespace
 
+const char* to_string(SpecialTokens mode) { return mode == SpecialTokens::kText ? "text" : "special"; }
+
+SpecialTokens parse_special_tokens(const std::string& value, const std::string& field) {
+  if (value == "special") return SpecialTokens::kSpecial;
+  if (value == "text") return SpecialTokens::kText;
+  throw Error("", field, "'" + value + "' is neither 'special' nor 'text'");
+}
+
+std::vector<int> Tokenizer::encode(const std::string& text, SpecialTokens, int* special_matched) const {
+  // SentencePiece and llama2.c have no special-token strings in their encode: both modes agree.
+  if (special_matched) *special_matched = 0;
+  return encode(text);
+}
+
+std::vector<int> Tokenizer::encode_with_bos(const std::string& text, SpecialTokens mode, int* special_matched) const {
+  std::vector<int> ids;
+  if (adds_bos()) ids.push_back(bos_id());
+  const std::vector<int> body = encode(text, mode, special_matched);
+  ids.insert(ids.end(), body.begin(), body.end());
+  return ids;
+}
+
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   const std::string bytes = read_file(path);
+  if (looks_like_tokenizer_json(bytes)) return load_tokenizer_json(path, bytes);
+  if (looks_like_tiktoken(bytes))
+    throw Error(path, "", "a tiktoken ranks file (lines of \"base64 rank\", as Meta's original/tokenizer.model), not "
+                          "SentencePiece; use the model's tokenizer.json");
   // A tokenizer.bin parses exactly to its end under strict bounds; a protobuf essentially never
   // does, so that check decides the format.
   auto l2c = std::make_unique<Llama2cTokenizer>();
@@ -258,17 +287,25 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   try {
     return std::make_unique<SentencePieceTokenizer>(path, bytes);
   } catch (const Error&) {
-    throw Error(path, "", "neither a SentencePiece tokenizer.model nor a llama2.c tokenizer.bin");
+    throw Error(path, "", "neither a tokenizer.json, a SentencePiece tokenizer.model nor a llama2.c tokenizer.bin");
   }
 }
 
 std::string Tokenizer::default_path_for_model(const std::string& model_path, int vocab_size) {
   const fs::path p(model_path);
-  if (fs::is_directory(p)) return (p / "tokenizer.model").string();
+  // tokenizer.json first; Meta's original/tokenizer.model only when nothing else is there, so
+  // that loading it says it is tiktoken.
+  auto hf_dir = [](const fs::path& dir) {
+    if (fs::exists(dir / "tokenizer.json")) return (dir / "tokenizer.json").string();
+    if (!fs::exists(dir / "tokenizer.model") && fs::exists(dir / "original" / "tokenizer.model"))
+      return (dir / "original" / "tokenizer.model").string();
+    return (dir / "tokenizer.model").string();
+  };
+  if (fs::is_directory(p)) return hf_dir(p);
   const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
   if (p.filename() == "config.json" || p.extension() == ".safetensors" ||
       p.filename() == "model.safetensors.index.json")
-    return (dir / "tokenizer.model").string();
+    return hf_dir(dir);
   const fs::path plain = dir / "tokenizer.bin";
   const fs::path sized = dir / ("tok" + std::to_string(vocab_size) + ".bin");
   if (!fs::exists(plain) && fs::exists(sized)) return sized.string();

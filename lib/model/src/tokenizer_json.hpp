@@ -1,0 +1,25 @@
+#pragma once
+// Hugging Face tokenizer.json (byte-level BPE), internal to lib/model: Tokenizer::load picks it by
+// content. Defined in tokenizer_json.cpp.
+#include <memory>
+#include <string>
+
+#include "kvq/model/tokenizer.hpp"
+
+namespace kvq {
+
+// True when `bytes` look like a JSON object (first non-blank byte '{').
+bool looks_like_tokenizer_json(const std::string& bytes);
+// True when the first line reads "<base64> <rank>", as tiktoken ranks files (Meta's
+// original/tokenizer.model) do.
+bool looks_like_tiktoken(const std::string& bytes);
+
+// Parses tokenizer.json (and tokenizer_config.json beside it, when present, for the BOS rule).
+// Throws kvq::Error naming the file, the field and the value for anything unsupported or broken.
+std::unique_ptr<Tokenizer> load_tokenizer_json(const std::string& path, const std::string& bytes);
+
+// Replaces each maximal invalid UTF-8 subpart with U+FFFD (as Rust's from_utf8_lossy and
+// WHATWG decoders do). Returns the number of replacements.
+size_t sanitize_utf8(const std::string& in, std::string* out);
+
+}  // namespace kvq
