@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
       ->expected(2, 1 << 16)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   merge->add_option("-o,--out", merge_out, "merged calibration file")->required();
-  CLI11_PARSE(app, argc, argv);
+  KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   if (ranks.rank() != 0 && common.verbose == 0 && !common.quiet) spdlog::set_level(spdlog::level::warn);  // rank 0 narrates
 

@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
   c->add_option("--measure-tokens", o.measure_tokens, "reservoir rows cobra-measured codes per candidate")
       ->default_val(o.measure_tokens)->check(CLI::Range(1, 1 << 24));
   c->add_flag("--joint-kv", o.joint_kv, "split one budget (--bpd per dim of K and V) between K and V exactly");
-  CLI11_PARSE(app, argc, argv);
+  KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {
     kvq::run_allocate(o);

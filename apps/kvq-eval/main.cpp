@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
       ->default_val(0)
       ->check(CLI::NonNegativeNumber);
   app.add_option("--json", json_out, "write the report as JSON (atomically)");
-  CLI11_PARSE(app, argc, argv);
+  KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   o.quiet = common.quiet;
   return kvq::cli::run_main("kvq-eval", [&] {

@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_out,
                  "write {prompt_ids, generated_ids, last_top10 (the prompt's last position: id, logit), "
                  "ppl_window_tokens, ppl_mean_nll} as JSON (atomically)");
-  CLI11_PARSE(app, argc, argv);
+  KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-generate", [&] {
     kvq::set_threads(common.threads);

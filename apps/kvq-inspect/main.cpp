@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   app.add_option("--plots", o.plots_dir, "write figures (PNG + SVG) into this directory");
   app.add_option("--layer", o.layer, "layer of the energy and eigenvalue figures")->default_val(0)->check(CLI::Range(0, 1 << 20));
   app.add_option("--head", o.head, "KV head of the energy and eigenvalue figures")->default_val(0)->check(CLI::Range(0, 1 << 20));
-  CLI11_PARSE(app, argc, argv);
+  KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   o.summary = !common.quiet;
   return kvq::cli::run_main("kvq-inspect", [&] {

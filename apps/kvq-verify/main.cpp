@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   g->add_option("--max-nmse-k", o.max_nmse_k, "K reconstruction NMSE at most");
   g->add_option("--max-nmse-v", o.max_nmse_v, "V reconstruction NMSE at most");
   g->add_option("--min-layer-wins", o.min_layer_wins, "layers where the allocation beats the baseline, at least");
-  CLI11_PARSE(app, argc, argv);
+  KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-verify", [&] {
     kvq::VerifyReport r = kvq::run_verify(o);

@@ -16,10 +16,15 @@ namespace kvq::report {
 
 FileKind detect_kind(const std::string& path) {
   auto f = h5::open_read(path);
-  H5::Group root = f.openGroup("/");
-  if (!h5::has_attr(root, "format"))
-    throw Error(path, "/@format", "missing: not a kvq calibration or allocation file");
-  const std::string fmt = h5::read_attr_str(path, root, "format");
+  std::string fmt;
+  try {  // H5::Exception is not a std::exception: translate it here, as the readers do
+    H5::Group root = f.openGroup("/");
+    if (!h5::has_attr(root, "format"))
+      throw Error(path, "/@format", "missing: not a kvq calibration or allocation file");
+    fmt = h5::read_attr_str(path, root, "format");
+  } catch (const H5::Exception&) {
+    throw Error(path, "/", "unreadable root group (truncated or corrupt file)");
+  }
   if (fmt == kCalibFormat) return FileKind::kCalibration;
   if (fmt == kAllocFormat) return FileKind::kAllocation;
   throw Error(path, "/@format",

@@ -35,4 +35,19 @@ void apply_common(const Common& c);
 // other exceptions -> 3. CLI11 parse errors are handled by the caller's CLI11_PARSE.
 int run_main(const std::string& tool, const std::function<int()>& body);
 
+// Parses argv. --help/--version print and give 0; a usage error prints one line naming the tool and
+// gives 2 (the bad-input code of every kvq tool; CLI11's own codes are 100+). Returns -1 to go on.
+int parse(CLI::App& app, int argc, char** argv);
+
+}  // namespace kvq::cli
+
+// Use in main(): parses, or returns the exit code of --help / a usage error.
+#define KVQ_CLI_PARSE(app, argc, argv)                               \
+  do {                                                               \
+    const int kvq_parse_rc_ = ::kvq::cli::parse((app), (argc), (argv)); \
+    if (kvq_parse_rc_ >= 0) return kvq_parse_rc_;                    \
+  } while (0)
+
+namespace kvq::cli {
+
 }  // namespace kvq::cli

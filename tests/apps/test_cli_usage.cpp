@@ -1,0 +1,89 @@
+// What every tool does with a bad command line or a bad file in any file argument: exit 2 for usage
+// errors (not CLI11's 100+ codes), 1 or 2 with one line for bad files, never a signal (HDF5's C++
+// exceptions are not std::exceptions and used to abort kvq-inspect).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "run_cmd.hpp"
+
+namespace fs = std::filesystem;
+using kvq::test::bin;
+using kvq::test::run_cmd;
+
+namespace {
+
+const std::string kDemo = std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama";
+const std::string kGolden = std::string(KVQ_SOURCE_DIR) + "/data/golden";
+const std::vector<std::string> kTools = {"calib-capture", "kvq-allocate", "kvq-verify", "kvq-inspect", "kvq-eval",
+                                         "kvq-generate"};
+
+int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
+
+TEST(CliUsage, UnknownFlagAndBadValueExit2WithOneLine) {
+  for (const auto& tool : kTools) {
+    SCOPED_TRACE(tool);
+    auto r = run_cmd(bin(tool) + " --no-such-flag");
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find(tool), std::string::npos) << r.err;
+    r = run_cmd(bin(tool) + " --threads -3");
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    r = run_cmd(bin(tool) + " --help > /dev/null");
+    EXPECT_EQ(r.status, 0) << r.err;
+  }
+}
+
+struct BadFiles {
+  std::string empty, garbage, hdf5_corrupt, truncated_calib;
+  BadFiles() {
+    empty = kvq::test::temp_path("empty.bin");
+    garbage = kvq::test::temp_path("garbage.bin");
+    truncated_calib = kvq::test::temp_path("truncated.kvqcal.h5");
+    kvq::test::write_text(empty, "");
+    kvq::test::write_text(garbage, std::string("\x89HDF\r\n\x1a\n", 8) + std::string(300, '\x7f'));
+    hdf5_corrupt = std::string(KVQ_SOURCE_DIR) + "/tests/fuzz/regressions/alloc/root-group-throws";
+    std::ifstream in(kGolden + "/calib-v2.kvqcal.h5", std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    kvq::test::write_text(truncated_calib, bytes.substr(0, bytes.size() / 3));
+  }
+  std::vector<std::string> all() const { return {empty, garbage, hdf5_corrupt, truncated_calib}; }
+};
+
+// Each command has one placeholder {} replaced by every bad file in turn.
+TEST(CliUsage, EveryFileArgumentRejectsBadFilesWithoutASignal) {
+  const BadFiles bad;
+  const std::string cal = kGolden + "/calib-v2.kvqcal.h5", alloc = kGolden + "/block-gtq-v1.kvqalloc.h5";
+  const std::string out = kvq::test::temp_path("never-written.out");
+  const std::vector<std::string> commands = {
+      bin("kvq-allocate") + " -q --calib {} --method uniform --bpd 2 --out " + out,
+      bin("kvq-verify") + " -q --calib {} --alloc " + alloc,
+      bin("kvq-verify") + " -q --calib " + cal + " --alloc {}",
+      bin("kvq-inspect") + " -q {}",
+      bin("kvq-inspect") + " -q " + alloc + " --calib {}",
+      bin("kvq-eval") + " -q --model " + kDemo + " --alloc {} --text " + kDemo + "/psalm23.txt",
+      bin("kvq-eval") + " -q --model " + kDemo + " --alloc " + alloc + " --calib {} --text " + kDemo + "/psalm23.txt",
+      bin("kvq-generate") + " -q --model {} --steps 1",
+      bin("kvq-generate") + " -q --model " + kDemo + " --tokenizer {} --steps 1",
+      bin("calib-capture") + " -q --model {} --corpus " + kDemo + "/psalm23.txt --samples 1 --seq-len 16 --out " + out,
+      bin("calib-capture") + " -q --model " + kDemo + " --tokenizer {} --corpus " + kDemo +
+          "/psalm23.txt --samples 1 --seq-len 16 --out " + out,
+  };
+  for (const auto& cmd : commands)
+    for (const auto& f : bad.all()) {
+      std::string c = cmd;
+      c.replace(c.find("{}"), 2, f);
+      SCOPED_TRACE(c);
+      const auto r = run_cmd(c + " > /dev/null");
+      EXPECT_TRUE(r.status == 1 || r.status == 2) << "exit " << r.status << ": " << r.err;
+      EXPECT_EQ(lines(r.err), 1) << r.err;
+      EXPECT_FALSE(fs::exists(out));
+    }
+}
+
+}  // namespace
