@@ -87,8 +87,10 @@ std::string error_of(const std::string& path) {
 TEST(CalibFile, RoundTripIsExact) {
   auto p = test::temp_path("rt.kvqcal.h5");
   CalibFile c = small_file();
+  c.prov.layer_window = {0, 2};
   write_calib(p, c);
   CalibFile r = read_calib(p, true);
+  EXPECT_EQ(r.prov.layer_window, c.prov.layer_window);
   EXPECT_EQ(r.moments.k.gram, c.moments.k.gram);
   EXPECT_EQ(r.moments.q.sum, c.moments.q.sum);
   EXPECT_EQ(r.moments.v.count, c.moments.v.count);
@@ -143,6 +145,30 @@ TEST(CalibFileBad, Table) {
          ds.read(g.data(), H5::PredType::NATIVE_DOUBLE);
          g[5] = std::nan("");
          ds.write(g.data(), H5::PredType::NATIVE_DOUBLE);
+       }},
+      {"window_count", "provenance.layer_window: 3 entries for n_layers 2",
+       [](const std::string& p) {
+         CalibFile c = small_file();
+         c.prov.layer_window = {0, 2, 2};
+         write_calib(p, c);
+       }},
+      {"window_negative", "provenance.layer_window: negative window -4",
+       [](const std::string& p) {
+         CalibFile c = small_file();
+         c.prov.layer_window = {0, -4};
+         write_calib(p, c);
+       }},
+      {"window_not_int", "provenance.layer_window: not an integer in range",
+       [&](const std::string& p) {
+         std::filesystem::copy_file(good, p);
+         H5::H5File f(p, H5F_ACC_RDWR);
+         H5::Group g = f.openGroup("/");
+         std::string prov = h5::read_attr_str(p, g, "provenance");
+         const std::string key = "\"layer_window\": []";
+         ASSERT_NE(prov.find(key), std::string::npos) << prov;
+         prov.replace(prov.find(key), key.size(), "\"layer_window\": [0, 1.5]");
+         g.removeAttr("provenance");
+         h5::write_attr(g, "provenance", prov);
        }},
       {"bad_format", "expected 'kvq-calibration'",
        [&](const std::string& p) {

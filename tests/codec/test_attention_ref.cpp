@@ -84,26 +84,36 @@ TEST(ReferenceAttention, MatchesBruteForceWithGqaAndRope) {
     p.v_packed.push_back(vp[static_cast<size_t>(h)].data());
   }
   std::vector<float> out(static_cast<size_t>(n_q) * d);
+  // Sliding window W: only the last W cached tokens (the query is the newest, T-1).
+  for (const int W : {0, 8, 1, 100}) {
+  SCOPED_TRACE("window " + std::to_string(W));
+  p.window = W;
+  const int first = W > 0 && W < T ? T - W : 0;
   reference_decode_attention(p, out.data());
   for (int qh = 0; qh < n_q; ++qh) {
     const int h = qh / (n_q / n_kv);
-    std::vector<double> s(T);
+    std::vector<double> s(T, 0.0);
     double mx = -1e300;
-    for (int t = 0; t < T; ++t) {
+    for (int t = first; t < T; ++t) {
       double acc = 0;
       for (int i = 0; i < d; ++i) acc += double(q[static_cast<size_t>(qh) * d + i]) * kdec[static_cast<size_t>(h)][static_cast<size_t>(t) * d + i];
       s[static_cast<size_t>(t)] = acc / std::sqrt(double(d));
       mx = std::max(mx, s[static_cast<size_t>(t)]);
     }
     double l = 0;
-    for (double& e : s) l += (e = std::exp(e - mx));
+    for (int t = first; t < T; ++t) l += (s[static_cast<size_t>(t)] = std::exp(s[static_cast<size_t>(t)] - mx));
     for (int i = 0; i < d; ++i) {
       double o = 0;
-      for (int t = 0; t < T; ++t) o += s[static_cast<size_t>(t)] * vdec[static_cast<size_t>(h)][static_cast<size_t>(t) * d + i];
+      for (int t = first; t < T; ++t) o += s[static_cast<size_t>(t)] * vdec[static_cast<size_t>(h)][static_cast<size_t>(t) * d + i];
       EXPECT_NEAR(out[static_cast<size_t>(qh) * d + i], o / l, 1e-5) << "qh=" << qh << " i=" << i;
     }
   }
+  }
+  p.window = 0;
   AttentionProblem bad = p;
+  bad.window = -1;
+  EXPECT_THROW(reference_decode_attention(bad, out.data()), Error);
+  bad = p;
   bad.n_q_heads = 5;
   EXPECT_THROW(reference_decode_attention(bad, out.data()), Error);
   bad = p;

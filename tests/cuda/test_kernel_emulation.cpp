@@ -89,6 +89,7 @@ struct Case {
   std::function<HeadDecision(int)> k, v;
   bool rope, interleaved;
   bool scaled_rope = false;  // model-given inverse frequencies and attention factor (llama3/yarn files)
+  int window = 0;            // sliding-window layer: the last `window` tokens only
 };
 
 void run_case(const Case& cs) {
@@ -97,6 +98,7 @@ void run_case(const Case& cs) {
   std::vector<std::vector<uint8_t>> kp, vp;
   codec::AttentionProblem p;
   p.n_q_heads = cs.n_q, p.n_kv_heads = cs.n_kv, p.head_dim = d, p.n_tokens = cs.T;
+  p.window = cs.window;
   const std::vector<float> q = t::gaussian_rows(cs.n_q, d, 5, 1.5);
   p.q = q.data();
   std::vector<int32_t> pos(static_cast<size_t>(cs.T));
@@ -167,6 +169,14 @@ TEST(KernelEmulation, FusedAttentionMatchesCpuReference) {
        [](int) { return t::kivi(Side::kV, 2); }, false, false},
       {"kivi_k_partial_block", 96, 2, 1, 45, 2, [](int) { return t::kivi(Side::kK, 3); },
        [](int) { return t::tq_blocks(96, {5, 1}); }, false, false},
+      // Sliding windows: splits start mid-cache (t_first not a tile multiple), RoPE positions absolute.
+      {"window_37_of_150_pre_rope", 64, 8, 2, 150, 4,
+       [](int) { HeadDecision x = t::tq_uniform(64, 3); x.post_rope = false; return x; },
+       [](int) { return t::kivi(Side::kV, 4); }, true, false, false, 37},
+      {"window_1_of_70_latent", 32, 4, 2, 70, 8, [](int) { return t::tq_blocks(32, {2, 3, 4}); },
+       [](int h) { return t::with_mean(t::lrh(32, 20 - 8 * h, 4, 8 + h, Side::kV)); }, false, false, false, 1},
+      {"window_wider_than_cache", 16, 2, 1, 33, 1, [](int) { return t::kivi(Side::kK, 3); },
+       [](int) { return t::kivi(Side::kV, 2); }, false, false, false, 500},
   };
   for (const Case& c : cases) run_case(c);
 }

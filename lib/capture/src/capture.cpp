@@ -165,6 +165,7 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   prov.n_heads = cfg.n_heads;
   prov.n_kv_heads = cfg.n_kv_heads;
   for (int g = 0; g < cfg.n_heads; ++g) prov.gqa_map.push_back(cfg.kv_head_of(g));
+  for (int l = 0; l < cfg.n_layers; ++l) prov.layer_window.push_back(cfg.window_of(l));
   prov.corpus = text.files;
   prov.tokenizer_path = tok_path;
   prov.tokenizer_sha256 = tok->sha256();

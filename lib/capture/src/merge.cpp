@@ -24,6 +24,11 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
     refuse("provenance.tokenizer_sha256", pa.tokenizer_sha256, pb.tokenizer_sha256);
   if (pa.seq_len != pb.seq_len) refuse("provenance.seq_len", std::to_string(pa.seq_len), std::to_string(pb.seq_len));
   if (!(a.shape() == b.shape())) refuse("/stats", "shape A", "shape B");
+  // An empty layer_window (older file) means every layer full, the same as all zeros.
+  for (int l = 0; l < pa.n_layers; ++l)
+    if (pa.window_of(l) != pb.window_of(l))
+      refuse("provenance.layer_window", "layer " + std::to_string(l) + " window " + std::to_string(pa.window_of(l)),
+             "layer " + std::to_string(l) + " window " + std::to_string(pb.window_of(l)));
   if (!a.complete()) throw Error(na, "/windows@windows_done", "incomplete file (resume it before merging)");
   if (!b.complete()) throw Error(nb, "/windows@windows_done", "incomplete file (resume it before merging)");
   // Windows are identified by their token offset when the corpora are the same text.

@@ -35,6 +35,7 @@ void validate(const AttentionProblem& p) {
     bad("n_q_heads", std::to_string(p.n_q_heads) + " is not a multiple of n_kv_heads " +
                          std::to_string(p.n_kv_heads));
   if (p.n_tokens < 1) bad("n_tokens", "must be >= 1");
+  if (p.window < 0) bad("window", "must be >= 0 (0 = full), got " + std::to_string(p.window));
   if (!p.q) bad("q", "is null");
   const size_t h = static_cast<size_t>(p.n_kv_heads);
   if (p.k_codecs.size() != h || p.v_codecs.size() != h || p.k_packed.size() != h ||
@@ -58,7 +59,7 @@ void validate(const AttentionProblem& p) {
 
 void reference_decode_attention(const AttentionProblem& p, float* out) {
   validate(p);
-  const int d = p.head_dim, T = p.n_tokens;
+  const int d = p.head_dim, T = p.n_tokens, t0 = first_attended(p);
   const int group = p.n_q_heads / p.n_kv_heads;
   const double scale = p.softmax_scale > 0.f ? p.softmax_scale : 1.0 / std::sqrt(static_cast<double>(d));
   std::vector<float> k(static_cast<size_t>(T) * d), v(static_cast<size_t>(T) * d);
@@ -73,21 +74,22 @@ void reference_decode_attention(const AttentionProblem& p, float* out) {
       const int qh = kv * group + g;
       const float* q = p.q + static_cast<size_t>(qh) * d;
       double mx = -INFINITY;
-      for (int t = 0; t < T; ++t) {
+      for (int t = t0; t < T; ++t) {
         double acc = 0.0;
         for (int i = 0; i < d; ++i) acc += static_cast<double>(q[i]) * k[static_cast<size_t>(t) * d + i];
         s[static_cast<size_t>(t)] = acc * scale;
         mx = std::max(mx, s[static_cast<size_t>(t)]);
       }
       double l = 0.0;
-      for (double& e : s) {
+      for (int t = t0; t < T; ++t) {
+        double& e = s[static_cast<size_t>(t)];
         e = std::exp(e - mx);
         l += e;
       }
       float* o = out + static_cast<size_t>(qh) * d;
       for (int i = 0; i < d; ++i) {
         double acc = 0.0;
-        for (int t = 0; t < T; ++t) acc += s[static_cast<size_t>(t)] * v[static_cast<size_t>(t) * d + i];
+        for (int t = t0; t < T; ++t) acc += s[static_cast<size_t>(t)] * v[static_cast<size_t>(t) * d + i];
         o[i] = static_cast<float>(acc / l);
       }
     }

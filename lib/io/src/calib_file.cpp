@@ -33,6 +33,7 @@ std::string provenance_to_json(const CalibProvenance& p) {
   j["n_heads"] = p.n_heads;
   j["n_kv_heads"] = p.n_kv_heads;
   j["gqa_map"] = p.gqa_map;
+  j["layer_window"] = p.layer_window;
   json files = json::array();
   for (const auto& f : p.corpus)
     files.push_back({{"path", f.path}, {"sha256", f.sha256}, {"bytes", f.bytes}, {"replaced_bytes", f.replaced_bytes}});
@@ -134,6 +135,14 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
   get("n_heads", p.n_heads);
   get("n_kv_heads", p.n_kv_heads);
   get("gqa_map", p.gqa_map);
+  if (j.contains("layer_window")) {  // absent before sliding windows were recorded: all layers full
+    get("layer_window", p.layer_window);
+    if (!p.layer_window.empty() && p.layer_window.size() != size_t(std::max(0, p.n_layers)))
+      throw Error(file, "provenance.layer_window",
+                  std::to_string(p.layer_window.size()) + " entries for n_layers " + std::to_string(p.n_layers));
+    for (int w : p.layer_window)
+      if (w < 0) throw Error(file, "provenance.layer_window", "negative window " + std::to_string(w));
+  }
   if (j.contains("corpus")) {
     const json& files = j["corpus"];
     if (!files.is_array()) throw Error(file, "provenance.corpus", "not an array: " + files.dump());

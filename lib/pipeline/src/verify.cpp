@@ -118,6 +118,7 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
   std::vector<double> p(static_cast<size_t>(T)), pt(static_cast<size_t>(T));
   std::vector<int> ia, ib;
   for (int l = 0; l < L; ++l) {
+    const int W = c.prov.window_of(l);
     Accum acc;
     for (int h = 0; h < H; ++h) {
       const HeadDecision *kd = nullptr, *vd = nullptr;
@@ -168,8 +169,9 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
           Eigen::MatrixXd Sh = (Q * Kh.transpose()).cast<double>() * inv_sqrt_d;
           Eigen::MatrixXd P = Eigen::MatrixXd::Zero(T, T), Ph = Eigen::MatrixXd::Zero(T, T);
           for (int i = 0; i < T; ++i) {
-            const int n = i + 1;  // causal keys 0..i
-            Eigen::RowVectorXd s = S.row(i).head(n), sh_ = Sh.row(i).head(n);
+            // The keys the model attends: causal 0..i, or the last W of them on a sliding-window layer.
+            const int lo = W > 0 ? std::max(0, i - W + 1) : 0, n = i - lo + 1;
+            Eigen::RowVectorXd s = S.row(i).segment(lo, n), sh_ = Sh.row(i).segment(lo, n);
             acc.mae_sum += (s - sh_).cwiseAbs().sum();
             acc.pairs += n;
             softmax(s.data(), n, p);
@@ -180,7 +182,7 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
             acc.kl_sum += kl;
             acc.top_sum += top10_overlap(p, pt, n, ia, ib);
             acc.queries += 1;
-            for (int j = 0; j < n; ++j) P(i, j) = p[size_t(j)], Ph(i, j) = pt[size_t(j)];
+            for (int j = 0; j < n; ++j) P(i, lo + j) = p[size_t(j)], Ph(i, lo + j) = pt[size_t(j)];
           }
           Eigen::MatrixXd O = P * V.cast<double>(), Oh = Ph * Vh.cast<double>();
           acc.eo += (O - Oh).squaredNorm();

@@ -74,6 +74,11 @@ std::string model_block(const CalibProvenance& p) {
                                   : ", inv_freq " + fmt(p.rope_inv_freq.front(), 6) + " .. " +
                                         fmt(p.rope_inv_freq.back(), 6)) +
          "\n";
+  if (std::any_of(p.layer_window.begin(), p.layer_window.end(), [](int w) { return w > 0; })) {
+    s += "  window       sliding-window attention per layer (0 = full):";
+    for (int w : p.layer_window) s += " " + std::to_string(w);
+    s += "\n";
+  }
   return s;
 }
 

@@ -60,6 +60,7 @@ struct AttnParams {
   int interleaved;
   int rope_enabled;
   int n_q, n_kv, group, d, T;
+  int t_first;  // first attended token (sliding window); splits cover [t_first, T)
   int tokens_per_split, n_splits;
   float scale;
   float* ws_m;     // [n_q][n_splits]
@@ -143,7 +144,7 @@ inline AttnPlan plan_attention(const codec::AttentionProblem& p, const std::vect
                                                    ? std::pow(p.rope.theta, -2.0 * i / plan.rotary_dim)
                                                    : p.rope.inv_freq[static_cast<size_t>(i)];
   }
-  plan.split = plan_splits(p.n_tokens, n_kv, sm_count);
+  plan.split = plan_splits(p.n_tokens - codec::first_attended(p), n_kv, sm_count);
   plan.scale = p.softmax_scale > 0.f ? p.softmax_scale
                                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   plan.smem_partial =
@@ -185,6 +186,7 @@ inline AttnParams make_attn_params(const codec::AttentionProblem& p, const AttnP
   P.group = plan.group;
   P.d = p.head_dim;
   P.T = p.n_tokens;
+  P.t_first = codec::first_attended(p);
   P.tokens_per_split = plan.split.tokens_per_split;
   P.n_splits = plan.split.n_splits;
   P.scale = plan.scale;
@@ -238,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(AttnParams 
   if (!rope)
     for (int g = 0; g < G; ++g) query_to_latent(K, q_x + g * d, q_c + g * cdk, q_off + g, red);
 
-  const int t_begin = split * P.tokens_per_split;
+  const int t_begin = P.t_first + split * P.tokens_per_split;
   const int t_end = min(P.T, t_begin + P.tokens_per_split);
   const uint8_t* kb = P.k_buf[kv];
   const uint8_t* vb = P.v_buf[kv];

@@ -39,7 +39,15 @@ struct AttentionProblem {
   const int32_t* positions = nullptr;        // [T]; required when RoPE is applied to keys
   RopeSpec rope;
   float softmax_scale = 0.f;                 // 0 means 1/sqrt(head_dim)
+  // Sliding-window layer (> 0): the query, the newest token T-1, attends only keys j > T-1-window,
+  // i.e. the last `window` cached tokens. 0: all T.
+  int window = 0;
 };
+
+// The first cached token the query attends.
+inline int first_attended(const AttentionProblem& p) {
+  return p.window > 0 && p.window < p.n_tokens ? p.n_tokens - p.window : 0;
+}
 
 // Throws kvq::Error on inconsistent shapes. out: [n_q_heads][head_dim].
 void validate(const AttentionProblem& p);

@@ -33,6 +33,10 @@ struct CalibProvenance {
   double rope_attention_factor = 1.0;
   int head_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0;
   std::vector<int> gqa_map;  // query head -> KV head
+  // Attention window per layer (0 = full causal; W > 0: query t sees keys t-W < j <= t). Empty = all
+  // full (files written before it was recorded).
+  std::vector<int> layer_window;
+  int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
   std::vector<CorpusFile> corpus;
   std::string tokenizer_path, tokenizer_sha256;
   uint64_t seed = 0;

@@ -21,7 +21,9 @@ struct VerifyOptions {
 };
 
 struct Metrics {
-  double logit_mae = 0;   // |q.k - q.k^| / sqrt(d), causal pairs, post-RoPE, true positions
+  // Every figure but NMSE counts only the (query, key) pairs the model attends: causal, and within
+  // the layer's sliding window (provenance layer_window) when it has one.
+  double logit_mae = 0;   // |q.k - q.k^| / sqrt(d), attended pairs, post-RoPE, true positions
   double kl = 0;          // softmax KL(p || p~) per query, mean
   double top10 = 0;       // |top10(p) ∩ top10(p~)| / min(10, keys), mean over queries
   double nmse_k = 0;      // sum |k - k^|^2 / sum |k|^2
