@@ -23,6 +23,11 @@ int main(int argc, char** argv) {
   app.add_option("--corpus", o.corpus, "UTF-8 text files or folders (repeatable)")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   app.add_flag("--lossy-utf8", o.lossy_utf8, "replace invalid UTF-8 bytes (counted, warned) instead of failing");
+  app.add_option("--special-tokens", o.special_tokens,
+                 "special: special-token strings in the corpus (e.g. <|begin_of_text|>) become their ids, as Hugging "
+                 "Face does (counted in the provenance, warned); text: they are encoded as plain text")
+      ->default_val("special")
+      ->check(CLI::IsMember({"special", "text"}));
   app.add_option("--samples", o.samples, "calibration windows")->default_val(64)->check(CLI::Range(1, 1 << 24));
   app.add_option("--seq-len", o.seq_len, "tokens per window, BOS first")->default_val(256)->check(CLI::Range(2, 1 << 20));
   app.add_option("--holdout", o.holdout, "held-out windows kept whole for kvq-verify (not in the statistics)")

@@ -22,9 +22,9 @@ int main(int argc, char** argv) {
   int steps = 32, window = 256;
   kvq::cli::add_model(app, model_path);
   app.add_option("--tokenizer", tok_path, "tokenizer file (default: the model's own)");
-  app.add_option("--prompt", prompt, "prompt text (BOS is prepended)")->default_val(prompt);
+  app.add_option("--prompt", prompt, "prompt text (BOS is prepended where the tokenizer adds one)")->default_val(prompt);
   app.add_option("--steps", steps, "tokens to generate")->default_val(32)->check(CLI::Range(0, 1 << 16));
-  app.add_option("--ppl-text", ppl_text, "text file: perplexity of [BOS] + its first --window-1 tokens");
+  app.add_option("--ppl-text", ppl_text, "text file: perplexity of [BOS] + its first tokens, --window in all (BOS where the tokenizer adds one)");
   app.add_option("--window", window, "perplexity window in tokens, BOS included")->default_val(257)
       ->check(CLI::Range(2, 1 << 20));
   app.add_option("--json", json_out,
@@ -38,8 +38,8 @@ int main(int argc, char** argv) {
     auto tok = kvq::Tokenizer::load(tok_path.empty()
                                         ? kvq::Tokenizer::default_path_for_model(model_path, m.config().vocab_size)
                                         : tok_path);
-    std::vector<int64_t> ids{tok->bos_id()};
-    for (int t : tok->encode(prompt)) ids.push_back(t);
+    std::vector<int64_t> ids;
+    for (int t : tok->encode_with_bos(prompt)) ids.push_back(t);  // BOS where the tokenizer adds one
     auto t0 = std::chrono::steady_clock::now();
     auto out = kvq::greedy_generate(m, ids, steps);
     double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -55,7 +55,8 @@ int main(int argc, char** argv) {
     if (!ppl_text.empty()) {
       std::string text = kvq::read_file(ppl_text);
       auto enc = tok->encode(text);
-      std::vector<int64_t> w{tok->bos_id()};
+      std::vector<int64_t> w;
+      if (tok->adds_bos()) w.push_back(tok->bos_id());
       for (size_t i = 0; i < enc.size() && int(w.size()) < window; ++i) w.push_back(enc[i]);
       if (int(w.size()) > m.config().max_seq_len)
         throw kvq::Error(ppl_text, "--window", "longer than the model's maximum " + std::to_string(m.config().max_seq_len));

@@ -65,6 +65,22 @@ TEST(Windows, BosFirstThenSlot) {
   for (int t = 1; t < 8; ++t) EXPECT_EQ(ids[t], stream[size_t(p.calib[0] + t - 1)]);
 }
 
+// A tokenizer that adds no BOS (Qwen): a window is seq_len stream tokens, slots of seq_len.
+TEST(Windows, NoBosWindowIsAllStream) {
+  std::vector<int32_t> stream(40);
+  for (int i = 0; i < 40; ++i) stream[size_t(i)] = 100 + i;
+  const WindowPlan p = plan_windows(40, 8, 4, 1, 3, -1, "c");
+  std::set<int64_t> seen;
+  for (int64_t off : p.calib) {
+    EXPECT_EQ(off % 8, 0);
+    EXPECT_TRUE(seen.insert(off).second);
+  }
+  std::vector<int64_t> w(8);
+  window_ids(stream, p, p.calib[0], w.data());
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(w[size_t(t)], 100 + p.calib[0] + t);
+  EXPECT_THROW(plan_windows(39, 8, 4, 1, 3, -1, "c"), Error);  // 4 slots of 8, 5 needed
+}
+
 TEST(Windows, TooShortCorpusIsAClearError) {
   try {
     plan_windows(1000, 256, 8, 2, 0, 1, "tiny.txt");

@@ -92,6 +92,8 @@ void check_resumable(const std::string& out, const CalibFile& old, const CalibPr
     mismatch("provenance.model_config_sha256", p.model_config_sha256, want.model_config_sha256);
   if (p.tokenizer_sha256 != want.tokenizer_sha256)
     mismatch("provenance.tokenizer_sha256", p.tokenizer_sha256, want.tokenizer_sha256);
+  if (p.special_tokens_mode != want.special_tokens_mode)
+    mismatch("provenance.special_tokens_mode", p.special_tokens_mode, want.special_tokens_mode);
   if (p.corpus.size() != want.corpus.size())
     mismatch("provenance.corpus", std::to_string(p.corpus.size()) + " files", std::to_string(want.corpus.size()) + " files");
   for (size_t i = 0; i < p.corpus.size(); ++i)
@@ -131,13 +133,25 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   for (const auto& f : text.files)
     if (f.replaced_bytes > 0) spdlog::warn("{}: replaced {} invalid UTF-8 byte(s)", f.path, f.replaced_bytes);
   auto t0 = std::chrono::steady_clock::now();
-  in->stream = tokenize_corpus(text, [&](const std::string& s) { return tok->encode(s); });
+  const SpecialTokens mode = parse_special_tokens(o.special_tokens);
+  int64_t special_matched = 0;
+  in->stream = tokenize_corpus(text, [&](const std::string& s) {
+    int m = 0;
+    auto ids = tok->encode(s, mode, &m);
+    special_matched += m;
+    return ids;
+  });
+  if (special_matched > 0)
+    spdlog::warn("{} special-token string(s) (e.g. <|begin_of_text|>) in the corpus were encoded as special tokens; "
+                 "--special-tokens text encodes them as plain text",
+                 special_matched);
   spdlog::info("tokenized {} tokens in {:.1f} s", in->stream.size(),
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const std::string corpus_name = o.corpus.size() == 1 ? o.corpus[0] : "corpus";
   if (in->stream.empty()) throw Error(corpus_name, "--corpus", "corpus is empty (no tokens)");
-  in->plan = plan_windows(int64_t(in->stream.size()), o.seq_len, o.samples, o.holdout, o.seed, cfg.bos_id,
-                          corpus_name);
+  // Windows start with BOS where the tokenizer's rule adds one (Qwen's adds none).
+  in->plan = plan_windows(int64_t(in->stream.size()), o.seq_len, o.samples, o.holdout, o.seed,
+                          tok->adds_bos() ? cfg.bos_id : -1, corpus_name);
 
   const int64_t wb = o.window_begin, we = o.window_end < 0 ? o.samples : o.window_end;
   if (wb < 0 || we > o.samples || wb >= we)
@@ -169,6 +183,9 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   prov.corpus = text.files;
   prov.tokenizer_path = tok_path;
   prov.tokenizer_sha256 = tok->sha256();
+  prov.special_tokens_mode = to_string(mode);
+  prov.special_tokens_matched = special_matched;
+  prov.window_bos = tok->adds_bos();
   prov.seed = o.seed;
   prov.samples = int(in->offsets.size());
   prov.holdout = o.holdout;

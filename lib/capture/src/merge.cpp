@@ -22,6 +22,8 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
     refuse("provenance.rope_inv_freq", pa.rope_type, pb.rope_type + " (different RoPE)");
   if (pa.tokenizer_sha256 != pb.tokenizer_sha256)
     refuse("provenance.tokenizer_sha256", pa.tokenizer_sha256, pb.tokenizer_sha256);
+  if (pa.special_tokens_mode != pb.special_tokens_mode)
+    refuse("provenance.special_tokens_mode", pa.special_tokens_mode, pb.special_tokens_mode);
   if (pa.seq_len != pb.seq_len) refuse("provenance.seq_len", std::to_string(pa.seq_len), std::to_string(pb.seq_len));
   if (!(a.shape() == b.shape())) refuse("/stats", "shape A", "shape B");
   // An empty layer_window (older file) means every layer full, the same as all zeros.

@@ -119,7 +119,7 @@ WindowPlan plan_windows(int64_t n_tokens, int seq_len, int samples, int holdout,
   if (seq_len < 2) throw Error("", "--seq-len", "must be at least 2, got " + std::to_string(seq_len));
   if (samples < 1) throw Error("", "--samples", "must be at least 1, got " + std::to_string(samples));
   if (holdout < 0) throw Error("", "--holdout", "must be >= 0, got " + std::to_string(holdout));
-  const int64_t slot = seq_len - 1;
+  const int64_t slot = bos_id >= 0 ? seq_len - 1 : seq_len;  // no BOS: the window is all corpus
   const int64_t n_slots = n_tokens / slot;
   const int64_t need = int64_t(samples) + holdout;
   if (n_slots < need)
@@ -143,9 +143,10 @@ WindowPlan plan_windows(int64_t n_tokens, int seq_len, int samples, int holdout,
 }
 
 void window_ids(const std::vector<int32_t>& stream, const WindowPlan& plan, int64_t offset, int64_t* out) {
-  KVQ_ASSERT(offset >= 0 && offset + plan.seq_len - 1 <= int64_t(stream.size()));
-  out[0] = plan.bos_id;
-  for (int t = 1; t < plan.seq_len; ++t) out[t] = stream[size_t(offset + t - 1)];
+  const int head = plan.bos_id >= 0 ? 1 : 0;
+  KVQ_ASSERT(offset >= 0 && offset + plan.seq_len - head <= int64_t(stream.size()));
+  if (head) out[0] = plan.bos_id;
+  for (int t = head; t < plan.seq_len; ++t) out[t] = stream[size_t(offset + t - head)];
 }
 
 }  // namespace kvq

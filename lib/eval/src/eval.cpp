@@ -98,7 +98,8 @@ EvalReport run_eval(const EvalOptions& o) {
     const std::vector<int32_t>* check = &stream;
     if (tok->sha256() != calib.prov.tokenizer_sha256) {  // compare in the calibration's tokens
       auto ctok = Tokenizer::load(calib.prov.tokenizer_path);
-      mine = tokenize_corpus(text, [&](const std::string& s) { return ctok->encode(s); });
+      const SpecialTokens cmode = parse_special_tokens(calib.prov.special_tokens_mode, "provenance.special_tokens_mode");
+      mine = tokenize_corpus(text, [&](const std::string& s) { return ctok->encode(s, cmode, nullptr); });
       check = &mine;
     }
     OverlapReport ov = check_disjoint(*check, text_name, cal, calib, calib_path);
@@ -114,7 +115,7 @@ EvalReport run_eval(const EvalOptions& o) {
   PplOptions po;
   po.window = r.window;
   po.stride = r.stride;
-  po.bos_id = tok->bos_id();
+  po.bos_id = tok->adds_bos() ? tok->bos_id() : -1;  // Qwen's tokenizer adds none
   po.policy = o.policy;
   po.quiet = o.quiet;
 

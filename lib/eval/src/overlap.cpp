@@ -47,7 +47,8 @@ std::vector<int32_t> calibration_stream(const CalibFile& c, const std::string& c
     all.files.push_back(one.files[0]);
     all.texts.push_back(std::move(one.texts[0]));
   }
-  std::vector<int32_t> s = tokenize_corpus(all, [&](const std::string& x) { return tok->encode(x); });
+  const SpecialTokens mode = parse_special_tokens(p.special_tokens_mode, "provenance.special_tokens_mode");
+  std::vector<int32_t> s = tokenize_corpus(all, [&](const std::string& x) { return tok->encode(x, mode, nullptr); });
   if (int64_t(s.size()) != p.n_tokens_corpus)
     throw Error(calib_path, "provenance.n_tokens_corpus",
                 "cannot check overlap: re-tokenizing the corpus gives " + std::to_string(s.size()) +
@@ -61,7 +62,8 @@ OverlapReport check_disjoint(const std::vector<int32_t>& text, const std::string
   OverlapReport r;
   r.text_tokens = int64_t(text.size());
   r.calib_windows = int64_t(c.calib_offsets.size());
-  const int64_t slot = int64_t(c.prov.seq_len) - 1;  // each window is BOS + `slot` stream tokens
+  // each window is BOS + `slot` stream tokens, or `slot` = seq_len tokens without a BOS
+  const int64_t slot = int64_t(c.prov.seq_len) - (c.prov.window_bos ? 1 : 0);
   const int n = int(std::min<int64_t>(ngram, int64_t(text.size())));
   r.ngram = n;
   if (n <= 0) return r;

@@ -250,12 +250,14 @@ PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, c
   std::vector<Win> wins;
   const int64_t n = int64_t(text.size());
   for (int64_t begin = 0, prev_end = 0;; begin += S) {
-    const int64_t end = std::min(begin + W - 1, n);
+    const bool bos = o.bos_id >= 0;
+    const int64_t end = std::min(begin + W - (bos ? 1 : 0), n);
     Win w;
     w.ids.reserve(size_t(end - begin + 1));
-    w.ids.push_back(o.bos_id);
+    if (bos) w.ids.push_back(o.bos_id);
     for (int64_t t = begin; t < end; ++t) w.ids.push_back(text[size_t(t)]);
     w.first = int(w.ids.size()) - int(end - prev_end);  // score only tokens past the previous window
+    if (w.first < 1) w.first = 1;  // without a BOS the text's first token has no context to score it
     wins.push_back(std::move(w));
     prev_end = end;
     if (end == n) break;

@@ -40,6 +40,9 @@ std::string provenance_to_json(const CalibProvenance& p) {
   j["corpus"] = files;
   j["tokenizer_path"] = p.tokenizer_path;
   j["tokenizer_sha256"] = p.tokenizer_sha256;
+  j["special_tokens_mode"] = p.special_tokens_mode;
+  j["special_tokens_matched"] = p.special_tokens_matched;
+  j["window_bos"] = p.window_bos;
   j["seed"] = p.seed;
   j["samples"] = p.samples;
   j["holdout"] = p.holdout;
@@ -160,6 +163,21 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
   }
   get("tokenizer_path", p.tokenizer_path);
   get("tokenizer_sha256", p.tokenizer_sha256);
+  if (j.contains("special_tokens_mode")) {
+    get("special_tokens_mode", p.special_tokens_mode);
+    if (p.special_tokens_mode != "special" && p.special_tokens_mode != "text")
+      throw Error(file, "provenance.special_tokens_mode", json(p.special_tokens_mode).dump() + " is neither \"special\" nor \"text\"");
+  }
+  if (j.contains("special_tokens_matched")) {
+    get("special_tokens_matched", p.special_tokens_matched);
+    if (p.special_tokens_matched < 0)
+      throw Error(file, "provenance.special_tokens_matched", std::to_string(p.special_tokens_matched) + " is negative");
+  }
+  if (j.contains("window_bos")) {
+    if (!j["window_bos"].is_boolean())
+      throw Error(file, "provenance.window_bos", "not a boolean: " + j["window_bos"].dump());
+    p.window_bos = j["window_bos"].get<bool>();
+  }
   get("seed", p.seed);
   get("samples", p.samples);
   get("holdout", p.holdout);

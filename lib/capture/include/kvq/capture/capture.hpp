@@ -14,6 +14,7 @@ struct CaptureOptions {
   std::string tokenizer;            // empty: the model's own (Tokenizer::default_path_for_model)
   std::vector<std::string> corpus;  // files or folders
   bool lossy_utf8 = false;
+  std::string special_tokens = "special";  // "special" (as HF) or "text": see kvq::SpecialTokens
   int samples = 64;
   int seq_len = 256;
   int holdout = 4;

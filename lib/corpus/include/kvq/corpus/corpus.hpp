@@ -34,19 +34,21 @@ std::vector<int32_t> tokenize_corpus(const CorpusText& c,
 
 struct WindowPlan {
   int seq_len = 0;                // T, including the BOS
-  int bos_id = 1;
+  int bos_id = 1;                 // < 0: the tokenizer adds no BOS (Qwen); a window is T stream tokens
   uint64_t seed = 0;
   std::vector<int64_t> calib;     // start offsets into the token stream, calibration windows
   std::vector<int64_t> holdout;   // start offsets, held-out windows (disjoint from calib)
 };
 
 // Cuts the stream into non-overlapping slots of T-1 tokens (each window = BOS + one slot), and picks
-// `samples` + `holdout` distinct slots by a seeded shuffle; the first `samples` calibrate.
+// `samples` + `holdout` distinct slots by a seeded shuffle; the first `samples` calibrate. With
+// bos_id < 0 a slot is T tokens and a window is just its slot.
 // Throws kvq::Error when the corpus has too few slots.
 WindowPlan plan_windows(int64_t n_tokens, int seq_len, int samples, int holdout, uint64_t seed,
                         int bos_id, const std::string& corpus_name);
 
-// Fills `out` (seq_len ids) with window starting at `offset`: BOS then stream[offset .. offset+T-1).
+// Fills `out` (seq_len ids) with window starting at `offset`: BOS then stream[offset .. offset+T-1)
+// (bos_id < 0: stream[offset .. offset+T)).
 void window_ids(const std::vector<int32_t>& stream, const WindowPlan& plan, int64_t offset, int64_t* out);
 
 }  // namespace kvq

@@ -34,7 +34,7 @@ std::vector<double> window_token_nll(const Model& m, const std::vector<int64_t>&
 struct PplOptions {
   int window = 0;      // tokens per forward, BOS included (2..max_seq_len)
   int stride = 0;      // new tokens per window (1..window-1)
-  int bos_id = 1;
+  int bos_id = 1;      // < 0: no BOS (the tokenizer adds none); the text's first token is not scored
   CachePolicy policy;
   int64_t max_batch_tokens = 16384;  // windows per forward (plain cache) = this / window
   bool quiet = false;                // no progress line

@@ -39,6 +39,13 @@ struct CalibProvenance {
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
   std::vector<CorpusFile> corpus;
   std::string tokenizer_path, tokenizer_sha256;
+  // How special-token strings in the corpus were encoded ("special": as their ids, as HF does;
+  // "text": as plain text) and how many were matched; whether each window starts with BOS (false:
+  // the tokenizer adds none, e.g. Qwen, and a window is seq_len corpus tokens). Absent in older
+  // files: "special", 0, true.
+  std::string special_tokens_mode = "special";
+  int64_t special_tokens_matched = 0;
+  bool window_bos = true;
   uint64_t seed = 0;
   int samples = 0;      // calibration windows planned
   int holdout = 0;      // held-out windows
