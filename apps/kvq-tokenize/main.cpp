@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
       "BOS rule: SentencePiece and llama2.c always prepend BOS; tokenizer.json prepends it when its post-processor "
       "template starts with a special token or tokenizer_config.json beside it sets add_bos_token (Qwen: none).\n"
       "Exit codes: 0 ok, 2 bad input (one line naming file, field and value), 3 internal error.");
-  CLI11_PARSE(app, argc, argv);
+  KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-tokenize", [&] {
     if (text_file.empty() && str_opt->count() == 0) throw kvq::Error("", "--text/--string", "one of them is required");

@@ -20,7 +20,7 @@ namespace {
 const std::string kDemo = std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama";
 const std::string kGolden = std::string(KVQ_SOURCE_DIR) + "/data/golden";
 const std::vector<std::string> kTools = {"calib-capture", "kvq-allocate", "kvq-verify", "kvq-inspect", "kvq-eval",
-                                         "kvq-generate"};
+                                         "kvq-generate", "kvq-tokenize"};
 
 int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
 
@@ -70,6 +70,7 @@ TEST(CliUsage, EveryFileArgumentRejectsBadFilesWithoutASignal) {
       bin("kvq-eval") + " -q --model " + kDemo + " --alloc " + alloc + " --calib {} --text " + kDemo + "/psalm23.txt",
       bin("kvq-generate") + " -q --model {} --steps 1",
       bin("kvq-generate") + " -q --model " + kDemo + " --tokenizer {} --steps 1",
+      bin("kvq-tokenize") + " -q --model " + kDemo + " --tokenizer {} --string x --json " + out,
       bin("calib-capture") + " -q --model {} --corpus " + kDemo + "/psalm23.txt --samples 1 --seq-len 16 --out " + out,
       bin("calib-capture") + " -q --model " + kDemo + " --tokenizer {} --corpus " + kDemo +
           "/psalm23.txt --samples 1 --seq-len 16 --out " + out,

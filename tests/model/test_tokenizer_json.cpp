@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 
 #include "kvq/model/tokenizer.hpp"
 #include "model_test_util.hpp"
+#include "run_cmd.hpp"
 #include "shared_data.hpp"
 
 namespace kvq {
@@ -494,6 +496,47 @@ TEST(TokenizerJson, BadInputsTable) {
   test::write_bytes((dir / "cfg" / "tokenizer_config.json").string(), R"({"add_bos_token": true, "bos_token": "<bos>"})");
   test::expect_error([&] { Tokenizer::load((dir / "cfg" / "tokenizer.json").string()); },
                      {"tokenizer_config.json", "bos_token", "<bos>"});
+  fs::remove_all(dir);
+}
+
+// kvq-tokenize: ids with the BOS rule, the special-token count, the JSON report; bad input exits
+// 2 with one line and writes nothing.
+TEST(KvqTokenize, PrintsIdsAndWritesJson) {
+  const fs::path dir = temp_dir("cli");
+  json j = tiny_tokenizer(false);
+  write_tokenizer(dir, j);
+  test::write_bytes((dir / "tokenizer_config.json").string(), R"({"add_bos_token": true, "bos_token": "<s>"})");
+  test::write_bytes((dir / "in.txt").string(), "abc<s> ab");
+  const std::string tool = std::string(KVQ_BIN_DIR) + "/kvq-tokenize";
+  const std::string out = (dir / "out.json").string();
+  auto r = test::run_cmd(tool + " -q --model " + dir.string() + " --text " + (dir / "in.txt").string() + " --json " +
+                         out + " >" + (dir / "stdout.txt").string());
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(test::read_bytes((dir / "stdout.txt").string()), "11 6 11 3 5\n");
+  const json rep = json::parse(test::read_bytes(out));
+  EXPECT_EQ(rep["ids"], json({11, 6, 11, 3, 5}));
+  EXPECT_EQ(rep["n_tokens"], 5);
+  EXPECT_EQ(rep["bos_added"], true);
+  EXPECT_EQ(rep["special_tokens_matched"], 1);
+  EXPECT_EQ(rep["tokenizer_path"], (dir / "tokenizer.json").string());
+  EXPECT_EQ(rep["tokenizer_sha256"].get<std::string>().size(), 64u);
+  // --special-tokens text and --no-bos: "<s>" is plain text, whose bytes this vocabulary lacks.
+  r = test::run_cmd(tool + " -q --model " + dir.string() + " --string 'abc<s>' --special-tokens text --no-bos --json " +
+                    out + " >/dev/null");
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(json::parse(test::read_bytes(out))["ids"], json({6}));
+  EXPECT_EQ(json::parse(test::read_bytes(out))["special_tokens_matched"], 0);
+  fs::remove(out);
+  for (const std::string& bad : {std::string(" --string x --special-tokens bogus"), std::string(" --text /nonexistent/in.txt"),
+                                 std::string(" --string x --tokenizer /nonexistent/tokenizer.json"), std::string("")}) {
+    SCOPED_TRACE(bad);
+    r = test::run_cmd(tool + " -q --model " + dir.string() + bad + " --json " + out + " >/dev/null");
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+  r = test::run_cmd(tool + " --help >/dev/null");
+  EXPECT_EQ(r.status, 0);
   fs::remove_all(dir);
 }
 
