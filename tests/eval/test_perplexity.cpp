@@ -214,6 +214,35 @@ TEST(Perplexity, SlidingWindowsScoreEveryTokenOnce) {
   }
 }
 
+// A tokenizer without BOS (Qwen): windows are text only, and the text's first token, which has no
+// context, is the one token not scored.
+TEST(Perplexity, WithoutBosEveryTokenButTheFirstIsScoredOnce) {
+  const Model& m = demo();
+  auto ids = psalm_ids(130);
+  std::vector<int32_t> text(ids.begin() + 1, ids.end());  // 129 text tokens
+  PplOptions o;
+  o.bos_id = -1;
+  o.quiet = true;
+  o.window = 129;
+  o.stride = 64;
+  const std::vector<int64_t> all(text.begin(), text.end());
+  PplResult one = sliding_perplexity(m, text, o, nullptr);
+  EXPECT_EQ(one.tokens, 128);
+  EXPECT_NEAR(one.nll(), window_nll(m, all), 1e-6);
+  // Stride window - 1: window k starts one token before the first token it scores (text[42k]
+  // is context for text[42k+1 ..]), so it is the independent window over text[42k, 42k + 43).
+  o.window = 43;
+  o.stride = 42;
+  PplResult dis = sliding_perplexity(m, text, o, nullptr);
+  double sum = 0;
+  for (size_t b = 0; b + 1 < text.size(); b += 42) {
+    const std::vector<int64_t> w(text.begin() + long(b), text.begin() + long(std::min(text.size(), b + 43)));
+    sum += window_nll(m, w) * double(w.size() - 1);
+  }
+  EXPECT_EQ(dis.tokens, 128);
+  EXPECT_NEAR(dis.nll_sum, sum, 1e-6 * sum);
+}
+
 TEST(Perplexity, BadWindowsAreUserErrors) {
   const Model& m = demo();
   std::vector<int32_t> text(50, 5);

@@ -242,6 +242,8 @@ PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, c
   if (o.policy.sink < 0 || o.policy.recent < 0)
     throw Error("", o.policy.sink < 0 ? "--sink" : "--recent", "must be >= 0");
   if (text.empty()) throw Error("", "text", "no tokens to score");
+  if (o.bos_id < 0 && text.size() < 2)
+    throw Error("", "text", "one token and no BOS (the tokenizer adds none): nothing to score");
 
   struct Win {
     std::vector<int64_t> ids;
@@ -295,7 +297,8 @@ PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, c
   }
   prog.finish();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  KVQ_ASSERT(r.tokens == n);
+  // Without a BOS the text's first token has no context, so it is the one token not scored.
+  KVQ_ASSERT(r.tokens == (o.bos_id >= 0 ? n : n - 1));
   return r;
 }
 
