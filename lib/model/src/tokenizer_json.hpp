@@ -1,6 +1,6 @@
 #pragma once
 // Hugging Face tokenizer.json (byte-level BPE), internal to lib/model: Tokenizer::load picks it by
-// content. Defined in tokenizer_json.cpp.
+// content. Defined in tokenizer_json_{text,load,encode}.cpp (internals: tokenizer_json_internal.hpp).
 #include <memory>
 #include <string>
 
