@@ -383,6 +383,18 @@ TEST(TokenizerJson, IgnoreMergesTakesWholeWords) {
   fs::remove_all(dir);
 }
 
+// Split with {"String": ...} is a literal (HF escapes it); PCRE2 refused it with UCP set.
+TEST(TokenizerJson, SplitOnLiteralString) {
+  const fs::path dir = temp_dir("literal");
+  json j = tiny_tokenizer(false);
+  j["pre_tokenizer"]["pretokenizers"][0] = {
+      {"type", "Split"}, {"pattern", {{"String", "b"}}}, {"behavior", "Isolated"}, {"invert", false}};
+  auto tok = Tokenizer::load(write_tokenizer(dir, j));
+  EXPECT_EQ(tok->encode("abc"), (std::vector<int>{0, 1, 2}));  // a | b | c: no merge crosses a split
+  EXPECT_EQ(tok->encode("a.b"), (std::vector<int>{0, 1}));      // '.' is not a regex wildcard; not in vocab
+  fs::remove_all(dir);
+}
+
 TEST(TokenizerJson, BosFromTokenizerConfig) {
   const fs::path dir = temp_dir("config");
   json j = tiny_tokenizer(false);

@@ -122,7 +122,8 @@ std::unique_ptr<Regex> compile_regex(const std::string& pattern, bool literal, c
   int err = 0;
   PCRE2_SIZE off = 0;
   auto r = std::make_unique<Regex>();
-  const uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+  // PCRE2_LITERAL rejects PCRE2_UCP ("invalid option bits"); a literal has no classes for it to affect.
+  const uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   r->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts, &err, &off, nullptr);
   if (!r->code) {
     PCRE2_UCHAR msg[256];
