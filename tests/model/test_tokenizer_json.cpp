@@ -492,6 +492,19 @@ TEST(TokenizerJson, BadInputsTable) {
       {"byte_fallback", with([](json& j) { j["model"]["byte_fallback"] = true; }), {"model.byte_fallback"}},
       {"decoder", with([](json& j) { j["decoder"] = {{"type", "Metaspace"}}; }), {"decoder.type", "'Metaspace'"}},
       {"tiktoken", [] { return std::string("IQ== 0\nIg== 1\n"); }, {"tiktoken", "not SentencePiece"}},
+      // fuzz_tokenizer_json: a BOS id past the vocabulary was handed to the model as is
+      {"bos_id_oov", with([](json& j) {
+         j["post_processor"] = {{"type", "TemplateProcessing"},
+                                {"single", {{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}}}},
+                                {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {58}}}}}}};
+       }),
+       {"post_processor.special_tokens[\"<s>\"].ids", "58", "not a token id"}},
+      {"bos_ids_shape", with([](json& j) {
+         j["post_processor"] = {{"type", "TemplateProcessing"},
+                                {"single", {{{"SpecialToken", {{"id", "<bos>"}, {"type_id", 0}}}}}},
+                                {"special_tokens", {{"<bos>", "x"}}}};
+       }),
+       {"post_processor.single[0]", "\"<bos>\" has no id"}},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.name);

@@ -245,9 +245,19 @@ void ByteLevelBpeTokenizer::parse_post_processor(const json& j) {
       if (!st.contains("id") || !st["id"].is_string()) throw Error(path_, field + ".single[0]", "SpecialToken without id");
       const std::string name = st["id"].get<std::string>();
       int id = -1;
-      if (p.contains("special_tokens") && p["special_tokens"].contains(name)) {
-        const json& ids = p["special_tokens"][name]["ids"];
-        if (ids.is_array() && ids.size() == 1 && ids[0].is_number_integer()) id = ids[0].get<int>();
+      // The id is taken as written (HF's TemplateProcessing does not look it up), so it must be
+      // one the vocabulary has: the BOS goes straight into the embedding lookup. (const json's
+      // operator[] on a missing key is undefined: every level is checked first.)
+      const json* sts = p.contains("special_tokens") ? &p["special_tokens"] : nullptr;
+      if (sts && sts->is_object() && sts->contains(name) && (*sts)[name].is_object() && (*sts)[name].contains("ids")) {
+        const json& ids = (*sts)[name]["ids"];
+        if (ids.is_array() && ids.size() == 1 && ids[0].is_number_integer()) {
+          const int64_t v = ids[0].get<int64_t>();
+          if (v < 0 || v >= int64_t(decode_bytes_.size()) || !has_id_[size_t(v)])
+            throw Error(path_, field + ".special_tokens[" + json(name).dump() + "].ids",
+                        std::to_string(v) + " is not a token id of the vocabulary");
+          id = int(v);
+        }
       }
       if (id < 0) id = resolve(name);
       if (id < 0) throw Error(path_, field + ".single[0]", "special token " + json(name).dump() + " has no id");
