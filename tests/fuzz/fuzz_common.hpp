@@ -24,8 +24,7 @@ inline std::string scratch_path(const char* suffix) {
 }
 
 // Overwrites in place and then sets the length (never truncates to zero first, see above).
-inline const std::string& write_scratch(const char* suffix, const uint8_t* data, size_t size) {
-  static const std::string path = scratch_path(suffix);
+inline void write_file(const std::string& path, const uint8_t* data, size_t size) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) std::abort();
   for (size_t done = 0; done < size;) {
@@ -35,6 +34,11 @@ inline const std::string& write_scratch(const char* suffix, const uint8_t* data,
   }
   if (::ftruncate(fd, off_t(size)) != 0) std::abort();
   ::close(fd);
+}
+
+inline const std::string& write_scratch(const char* suffix, const uint8_t* data, size_t size) {
+  static const std::string path = scratch_path(suffix);
+  write_file(path, data, size);
   return path;
 }
 
