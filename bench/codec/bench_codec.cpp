@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "kvq/codec/codec.hpp"
-#include "kvq/codec/rng.hpp"
+#include "kvq/util/rng.hpp"
 
 namespace {
 
@@ -34,7 +34,7 @@ constexpr int kD = 128;
 constexpr int kTokens = 16384;  // 8 MiB of fp32 output
 
 std::vector<float> gaussian(size_t n, uint64_t seed) {
-  kvq::codec::Rng rng(seed);
+  kvq::Rng rng(seed);
   std::vector<float> x(n);
   for (float& v : x) v = static_cast<float>(rng.normal());
   return x;

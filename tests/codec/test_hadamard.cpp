@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "kvq/codec/hadamard.hpp"
-#include "kvq/codec/rng.hpp"
+#include "kvq/util/rng.hpp"
 
 namespace kvq::codec {
 namespace {

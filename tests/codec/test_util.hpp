@@ -5,8 +5,8 @@
 #include <numeric>
 #include <vector>
 
-#include "kvq/alloc/decision.hpp"
-#include "kvq/codec/rng.hpp"
+#include "kvq/format/decision.hpp"
+#include "kvq/util/rng.hpp"
 
 namespace kvq::codec::test {
 

@@ -3,7 +3,7 @@
 #include <set>
 
 #include "kvq/corpus/corpus.hpp"
-#include "kvq/corpus/rng.hpp"
+#include "kvq/util/rng.hpp"
 #include "kvq/util/error.hpp"
 #include "run_cmd.hpp"
 

@@ -10,7 +10,7 @@
 #include <filesystem>
 
 #include "capture_detail.hpp"
-#include "kvq/corpus/rng.hpp"
+#include "kvq/util/rng.hpp"
 #include "kvq/model/model.hpp"
 #include "kvq/model/tokenizer.hpp"
 #include "kvq/util/error.hpp"

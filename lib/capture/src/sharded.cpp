@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "capture_detail.hpp"
-#include "kvq/corpus/rng.hpp"
+#include "kvq/util/rng.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq::capture_detail {

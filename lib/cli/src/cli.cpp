@@ -71,14 +71,15 @@ int run_main(const std::string& tool, const std::function<int()>& body) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
     return 2;
   } catch (const std::exception& e) {
+    // Exit 2 like every other error (1 is kept for "checked and failed", e.g. a kvq-verify gate).
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
-    return 1;
+    return 2;
   } catch (...) {
     // A library type outside std::exception (HDF5's C++ API throws H5::Exception): never a
     // terminate()/abort. Readers translate these to kvq::Error; reaching here is a missing guard.
     std::fprintf(stderr, "%s: error: unexpected non-standard exception (a reader missed a guard; please report)\n",
                  tool.c_str());
-    return 1;
+    return 2;
   }
 }
 

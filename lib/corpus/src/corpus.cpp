@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "kvq/corpus/rng.hpp"
+#include "kvq/util/rng.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"

@@ -7,20 +7,6 @@
 
 namespace kvq {
 
-const char* to_string(RopePairing p) {
-  switch (p) {
-    case RopePairing::kInterleaved: return "interleaved";
-    case RopePairing::kSplitHalf: return "split-half";
-  }
-  return "unknown";
-}
-
-RopePairing rope_pairing_from_string(const std::string& s) {
-  if (s == "interleaved") return RopePairing::kInterleaved;
-  if (s == "split-half") return RopePairing::kSplitHalf;
-  throw Error("", "rope_pairing", "unknown value '" + s + "' (expected interleaved or split-half)");
-}
-
 const char* to_string(RopeType t) {
   switch (t) {
     case RopeType::kDefault: return "default";

@@ -5,7 +5,7 @@
 //   tokenizer_json_encode.cpp  added-token split, NFC, pre-tokenization, BPE merges, cache, decode
 // The pipeline is HF's: added tokens split out of the raw text, normalizer (NFC or none),
 // pre-tokenizer (Split with the file's regex, ByteLevel), BPE by merge rank, post-processor for
-// the BOS. The rules are written down in ../shared/MODEL-FAMILIES.md ("tokenizer.json").
+// the BOS; the README's model-family table lists what is read and what is refused.
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 #include <utf8proc.h>

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kvq/alloc/common.hpp"
-#include "kvq/model/config.hpp"
+#include "kvq/format/rope.hpp"
 
 namespace kvq::alloc {
 

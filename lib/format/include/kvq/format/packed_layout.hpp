@@ -8,11 +8,7 @@
 // format (bump kLayoutVersion and say so in schemas/packed-layout.md).
 #include <stdint.h>
 
-#if defined(__CUDACC__)
-#define KVQ_HD __host__ __device__ __forceinline__
-#else
-#define KVQ_HD inline
-#endif
+#include "kvq/format/hd.hpp"
 
 namespace kvq::layout {
 
@@ -26,8 +22,8 @@ constexpr uint32_t kMinBits = 1;
 constexpr uint32_t kMaxBits = 8;
 constexpr uint32_t kMaxHeadDim = 4096;
 
-// Same values as kvq::CodingKind / kvq::Side (lib/alloc decision.hpp); kept here as integers so
-// this header needs nothing else.
+// Same values as kvq::CodingKind / kvq::Side (kvq/format/decision.hpp, which static_asserts it);
+// kept here as integers so that nvcc compiles this header without <string> or <vector>.
 constexpr uint32_t kKindTqGroups = 0;
 constexpr uint32_t kKindLowRankHadamard = 1;
 constexpr uint32_t kKindKivi = 2;
@@ -92,7 +88,7 @@ KVQ_HD void finish_block(PackedLayout& L) {
 
 // TQ-MSE on n_groups coordinate groups: records = one fp16 norm per group (group order); codes =
 // group 0's dim codes, then group 1's, ... Preconditions (checked by the host builder in
-// kvq/codec/layout.hpp): 1 <= n_groups <= kMaxGroups, bits in [1, 8], sum of dims == head_dim.
+// kvq/format/decision_layout.hpp): 1 <= n_groups <= kMaxGroups, bits in [1, 8], sum of dims == head_dim.
 KVQ_HD PackedLayout make_tq_layout(uint32_t side, uint32_t head_dim, const uint16_t* dims,
                                    const uint8_t* bits, uint32_t n_groups) {
   PackedLayout L = empty_layout();

@@ -1,0 +1,112 @@
+#pragma once
+// The contract between kvq-allocate (lib/alloc), the allocation file (lib/io) and the codec
+// (lib/codec, kernels/): what one (layer, KV head, side) is quantized with. Enum values and method
+// names are written to disk: never renumber or rename; retire with a comment.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvq/format/packed_layout.hpp"
+#include "kvq/util/error.hpp"
+
+namespace kvq {
+
+enum class Side : uint32_t { kK = 0, kV = 1 };
+
+enum class Method : uint32_t {
+  kUniform = 0,        // TQ-MSE, one group = whole head vector
+  kBlockGtq = 1,       // TQ-MSE per group of equal-width RoPE blocks (post-RoPE K)
+  kCobraMse = 2,       // low rank + Hadamard + uniform scalar, C1 + damped C2
+  kCobraKl = 3,        // as kCobraMse with KL-weighted basis order
+  kCobraDp = 4,        // C1 curves + exact C2
+  kCobraMeasured = 5,  // measured D(r,b) + exact C2
+  kKivi = 6,           // KIVI-style asymmetric baseline (K per channel, V per token)
+};
+
+struct MethodName {
+  Method method;
+  const char* name;
+};
+// Names are user-facing (--method) and recorded in files: never rename. Index = enum value.
+inline constexpr MethodName kMethodNames[] = {
+    {Method::kUniform, "uniform"},         {Method::kBlockGtq, "block-gtq"},
+    {Method::kCobraMse, "cobra-mse"},      {Method::kCobraKl, "cobra-kl"},
+    {Method::kCobraDp, "cobra-dp"},        {Method::kCobraMeasured, "cobra-measured"},
+    {Method::kKivi, "kivi"},
+};
+constexpr bool method_table_in_enum_order() {
+  for (size_t i = 0; i < sizeof(kMethodNames) / sizeof(kMethodNames[0]); ++i)
+    if (static_cast<size_t>(kMethodNames[i].method) != i) return false;
+  return true;
+}
+static_assert(method_table_in_enum_order(), "kMethodNames must list every Method in enum order");
+static_assert(static_cast<uint32_t>(Method::kKivi) == 6, "Method values are frozen (written to files)");
+
+inline const char* to_string(Method m) {
+  const auto i = static_cast<size_t>(m);
+  return i < sizeof(kMethodNames) / sizeof(kMethodNames[0]) ? kMethodNames[i].name : "unknown";
+}
+
+// Throws kvq::Error listing the valid names.
+inline Method method_from_string(const std::string& s) {
+  std::string valid;
+  for (const auto& e : kMethodNames) {
+    if (s == e.name) return e.method;
+    valid += valid.empty() ? "" : ", ";
+    valid += e.name;
+  }
+  throw Error("", "method", "unknown value '" + s + "' (valid: " + valid + ")");
+}
+
+inline bool is_cobra(Method m) {
+  return m == Method::kCobraMse || m == Method::kCobraKl || m == Method::kCobraDp || m == Method::kCobraMeasured;
+}
+
+// How a head vector is coded.
+enum class CodingKind : uint32_t {
+  kTqGroups = 0,         // TQ-MSE on one or more coordinate groups (uniform, block-gtq)
+  kLowRankHadamard = 1,  // y = U_r^T (x - mu), seeded-sign WHT, uniform scalar at `bits`
+  kKivi = 2,
+};
+static_assert(static_cast<uint32_t>(CodingKind::kTqGroups) == layout::kKindTqGroups &&
+                  static_cast<uint32_t>(CodingKind::kLowRankHadamard) == layout::kKindLowRankHadamard &&
+                  static_cast<uint32_t>(CodingKind::kKivi) == layout::kKindKivi,
+              "CodingKind and the packed layout's kind numbers are one set");
+static_assert(static_cast<uint32_t>(Side::kK) == layout::kSideK && static_cast<uint32_t>(Side::kV) == layout::kSideV,
+              "Side and the packed layout's side numbers are one set");
+
+// One TQ-MSE group: the head coordinates it covers (for Block-GTQ K: the post-RoPE coordinates of
+// its RoPE blocks, block order, each block's pair in the model's pairing), its width and the seed
+// of its Haar rotation. Codebook id = bits (Lloyd-Max for N(0, 1/m), m = dims.size()).
+struct TqGroup {
+  int bits = 0;
+  std::vector<int> dims;
+  uint64_t rotation_seed = 0;
+};
+
+struct HeadDecision {
+  int layer = 0;
+  int kv_head = 0;
+  Side side = Side::kK;
+  CodingKind kind = CodingKind::kTqGroups;
+  bool post_rope = false;  // K coded after RoPE (Block-GTQ) or before (COBRA, uniform pre-RoPE)
+
+  // kTqGroups
+  std::vector<TqGroup> groups;
+  std::vector<int> block_bits;  // per RoPE block, for reporting (Block-GTQ K); empty otherwise
+
+  // kLowRankHadamard
+  int rank = 0;
+  int bits = 0;
+  int budget_bits = 0;        // B_h, the per-token bit budget the solver gave this head
+  std::vector<float> basis;   // [d][rank] row-major: column j = j-th kept direction
+  std::vector<float> mean;    // [d]
+  uint64_t hadamard_seed = 0;
+  float scale = 0.f;          // per-head quantizer scale, if the codec uses a static one
+  double predicted_distortion = 0.0;  // D*_h(B_h) under the solver's model
+
+  // kKivi
+  int group_size = 32;
+};
+
+}  // namespace kvq
