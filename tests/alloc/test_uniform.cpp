@@ -29,7 +29,8 @@ TEST(Uniform, OneWholeVectorGroupPerHead) {
   EXPECT_EQ(seeds.size(), 6u);
   EXPECT_EQ(a.summary.method, Method::kUniform);
   EXPECT_DOUBLE_EQ(a.summary.code_bits_per_dim, 3.0);
-  EXPECT_DOUBLE_EQ(a.summary.effective_bpd, 3.0 + 16.0 / 8);  // fp16 norm per head vector
+  // Packed layout: 2 B fp16 norm + 3 B of codes, padded to 6 B per token (schemas/packed-layout.md).
+  EXPECT_DOUBLE_EQ(a.summary.effective_bpd, 6 * 8.0 / 8);
   EXPECT_EQ(a.summary.budget_total, 6 * 24);
   EXPECT_FALSE(a.summary.has_prediction);
   UniformOptions post;

@@ -1,7 +1,9 @@
 #include "kvq/alloc/common.hpp"
 
 #include <cmath>
+#include <limits>
 
+#include "kvq/format/decision_layout.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq::alloc {
@@ -39,30 +41,31 @@ double population_std(const std::vector<double>& v) {
   return std::sqrt(ss / static_cast<double>(v.size()));
 }
 
-void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, const Overhead& ov,
-                    AllocSummary* s) {
-  int64_t code = 0, extra = 0;
+void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocSummary* s) {
+  int64_t code = 0;
+  double bpd_sum = 0.0;
   for (const auto& h : heads) {
     switch (h.kind) {
       case CodingKind::kTqGroups:
-        for (const auto& g : h.groups) {
-          code += static_cast<int64_t>(g.bits) * static_cast<int64_t>(g.dims.size());
-          extra += ov.tq_norm_bits_per_group;
-        }
+        for (const auto& g : h.groups) code += static_cast<int64_t>(g.bits) * static_cast<int64_t>(g.dims.size());
         break;
       case CodingKind::kLowRankHadamard:
         code += static_cast<int64_t>(h.rank) * h.bits;
-        extra += ov.lowrank_bits_per_token;
         break;
       case CodingKind::kKivi:
         code += static_cast<int64_t>(h.bits) * head_dim;
         break;
     }
+    try {  // the basis and mean fix what the codes mean, not how many bytes they take
+      bpd_sum += layout::effective_bpd(layout::layout_ignoring_payload(h, head_dim));
+    } catch (const Error&) {
+      bpd_sum = std::numeric_limits<double>::quiet_NaN();
+    }
   }
   double dims = static_cast<double>(heads.size()) * head_dim;
   s->code_bits_used = code;
   s->code_bits_per_dim = dims > 0 ? static_cast<double>(code) / dims : 0.0;
-  s->effective_bpd = dims > 0 ? static_cast<double>(code + extra) / dims : 0.0;
+  s->effective_bpd = heads.empty() ? 0.0 : bpd_sum / static_cast<double>(heads.size());
 }
 
 }  // namespace kvq::alloc

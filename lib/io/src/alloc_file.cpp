@@ -6,6 +6,7 @@
 #include "kvq/io/h5.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
+#include "open_kvq_file.hpp"
 
 namespace kvq {
 
@@ -122,22 +123,8 @@ void write_alloc(const std::string& path, const AllocFile& a) {
 }
 
 AllocFile read_alloc(const std::string& path) {
-  auto f = h5::open_read(path);
-  H5::Group root;
-  try {
-    root = f.openGroup("/");
-  } catch (const H5::Exception&) {
-    throw Error(path, "/", "unreadable root group (truncated or corrupt file)");
-  }
-  if (!h5::has_attr(root, "format")) throw Error(path, "/@format", "missing: not a kvq allocation file");
-  std::string fmt = h5::read_attr_str(path, root, "format");
-  if (fmt != kAllocFormat)
-    throw Error(path, "/@format", "expected '" + std::string(kAllocFormat) + "', found '" + fmt + "'");
-  int64_t ver = h5::read_attr_i64(path, root, "version");
-  if (ver != kAllocVersion)
-    throw Error(path, "/@version",
-                "expected version " + std::to_string(kAllocVersion) + ", found " + std::to_string(ver) +
-                    (ver > kAllocVersion ? " (written by a newer kvq)" : " (no longer supported)"));
+  const OpenedKvqFile opened = open_kvq_file(path, KvqFileKind::kAllocation);
+  const H5::Group& root = opened.root;
   json m;
   try {
     m = json::parse(h5::read_attr_str(path, root, "manifest"));

@@ -10,6 +10,7 @@
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
+#include "open_kvq_file.hpp"
 
 namespace kvq {
 
@@ -274,26 +275,10 @@ static SideMoments read_side(const std::string& file, const H5::Group& g, const 
 }
 
 CalibFile read_calib(const std::string& path, bool samples) {
-  auto f = h5::open_read(path);
-  H5::Group root;
-  try {
-    root = f.openGroup("/");
-  } catch (const H5::Exception&) {
-    throw Error(path, "/", "unreadable root group (truncated or corrupt file)");
-  }
-  if (!h5::has_attr(root, "format"))
-    throw Error(path, "/@format", "missing: not a kvq calibration file");
-  std::string fmt = h5::read_attr_str(path, root, "format");
-  if (fmt != kCalibFormat)
-    throw Error(path, "/@format", "expected '" + std::string(kCalibFormat) + "', found '" + fmt + "'");
-  int64_t ver = h5::read_attr_i64(path, root, "version");
-  if (ver < kCalibOldestVersion || ver > kCalibVersion)
-    throw Error(path, "/@version",
-                "expected version " + std::to_string(kCalibOldestVersion) + ".." + std::to_string(kCalibVersion) +
-                    ", found " + std::to_string(ver) +
-                    (ver > kCalibVersion ? " (written by a newer kvq)" : " (no longer supported)"));
+  const OpenedKvqFile opened = open_kvq_file(path, KvqFileKind::kCalibration);
+  const H5::Group& root = opened.root;
   CalibFile c;
-  c.format_version = ver;
+  c.format_version = opened.header.version;
   c.prov = provenance_from_json(path, h5::read_attr_str(path, root, "provenance"));
 
   auto st = h5::open_group(path, root, "stats");

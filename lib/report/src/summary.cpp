@@ -7,29 +7,14 @@
 #include <sstream>
 
 #include "kvq/alloc/cobra.hpp"
-#include "kvq/codec/layout.hpp"
-#include "kvq/io/h5.hpp"
+#include "kvq/format/decision_layout.hpp"
+#include "kvq/io/kvq_file.hpp"
 #include "kvq/stats/derived.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq::report {
 
-FileKind detect_kind(const std::string& path) {
-  auto f = h5::open_read(path);
-  std::string fmt;
-  try {  // H5::Exception is not a std::exception: translate it here, as the readers do
-    H5::Group root = f.openGroup("/");
-    if (!h5::has_attr(root, "format"))
-      throw Error(path, "/@format", "missing: not a kvq calibration or allocation file");
-    fmt = h5::read_attr_str(path, root, "format");
-  } catch (const H5::Exception&) {
-    throw Error(path, "/", "unreadable root group (truncated or corrupt file)");
-  }
-  if (fmt == kCalibFormat) return FileKind::kCalibration;
-  if (fmt == kAllocFormat) return FileKind::kAllocation;
-  throw Error(path, "/@format",
-              "found '" + fmt + "', expected '" + kCalibFormat + "' or '" + kAllocFormat + "'");
-}
+FileKind detect_kind(const std::string& path) { return read_kvq_header(path).kind; }
 
 // ---- allocation ----
 
@@ -70,7 +55,7 @@ std::vector<int> block_widths(const HeadDecision& h, const CalibProvenance& p) {
 
 double head_effective_bpd(const HeadDecision& h, int d) {
   try {
-    return codec::effective_bpd(h, d);
+    return layout::effective_bpd(h, d);
   } catch (const Error&) {
     return std::numeric_limits<double>::quiet_NaN();
   }

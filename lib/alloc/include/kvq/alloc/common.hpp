@@ -24,20 +24,15 @@ struct Shape {
 // Throws kvq::Error unless all three are positive (field names the offender).
 void validate_shape(const Shape& s);
 
-// Per-token stored bits that are not codes, per coding kind. The codec's packed layout is the
-// source of truth; these defaults follow DESIGN.md (fp16 TQ-MSE norm per group; a static per-head
-// scale costs nothing per token).
-struct Overhead {
-  int tq_norm_bits_per_group = 16;
-  int lowrank_bits_per_token = 0;
-};
-
 // What one allocation run did, for one side (or both, for joint K/V).
 struct AllocSummary {
   Method method = Method::kUniform;
   double nominal_bpd = 0.0;         // the budget asked for, bits per dim
   double code_bits_per_dim = 0.0;   // stored code bits per token / (heads * d)
-  double effective_bpd = 0.0;       // code + Overhead bits per token / (heads * d)
+  // Mean over heads of the packed layout's bits per dim (codes, norms, KIVI scales, padding:
+  // kvq/format/decision_layout.hpp); NaN when a decision is outside what the layout stores (a
+  // width outside 1..8, rank 0), which the codec would refuse.
+  double effective_bpd = 0.0;
   int64_t budget_total = 0;         // what the solver aimed at (sum over heads, bits per token)
   int64_t budget_assigned = 0;      // sum of per-head budgets actually handed out
   int64_t code_bits_used = 0;       // sum over heads of stored code bits per token
@@ -67,7 +62,14 @@ uint64_t derive_seed(uint64_t base, int layer, int kv_head, Side side, uint64_t 
 double population_std(const std::vector<double>& v);
 
 // Fill code_bits_per_dim / effective_bpd / code_bits_used from the decisions.
-void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, const Overhead& ov,
-                    AllocSummary* s);
+void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocSummary* s);
+
+// Retired: a hand-kept copy of the packed layout's non-code bits (it charged low-rank tokens 0 bits
+// for their fp16 norm, KIVI nothing for its scales, and ignored padding). Ignored; the options
+// structs still carry it until their callers drop it.
+struct Overhead {};
+inline void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, const Overhead&, AllocSummary* s) {
+  summarize_bits(heads, head_dim, s);
+}
 
 }  // namespace kvq::alloc

@@ -8,12 +8,13 @@
 #include "kvq/alloc/decision.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
+#include "kvq/io/kvq_file.hpp"
 
 namespace kvq::report {
 
-enum class FileKind { kCalibration, kAllocation };
-// From the root @format attribute. Throws kvq::Error (file, field, what was found) for anything
-// that is not a kvq calibration or allocation file.
+using FileKind = KvqFileKind;
+// From the root @format and @version (kvq::read_kvq_header). Throws kvq::Error (file, field, what
+// was found) for anything that is not a kvq calibration or allocation file this kvq reads.
 FileKind detect_kind(const std::string& path);
 
 // ---- allocation ----

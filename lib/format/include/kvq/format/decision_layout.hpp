@@ -1,0 +1,121 @@
+#pragma once
+// From a HeadDecision to its packed layout (packed_layout.hpp): the one function that says how many
+// bytes a decision stores, used by the codec (lib/codec, which encodes into it) and by the
+// allocators' summary (lib/alloc, AllocSummary::effective_bpd). Host-only (std::string, kvq::Error).
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kvq/format/decision.hpp"
+#include "kvq/format/packed_layout.hpp"
+#include "kvq/util/error.hpp"
+
+namespace kvq {
+
+// "L3 H1 K": names a decision in messages.
+inline std::string decision_name(const HeadDecision& dec) {
+  return "L" + std::to_string(dec.layer) + " H" + std::to_string(dec.kv_head) + (dec.side == Side::kK ? " K" : " V");
+}
+
+namespace layout {
+namespace detail {
+
+[[noreturn]] inline void bad_decision(const HeadDecision& dec, const std::string& field, const std::string& what) {
+  throw Error("", "decision " + decision_name(dec) + ": " + field, what);
+}
+
+inline void check_bits(const HeadDecision& dec, const std::string& field, int bits) {
+  if (bits < static_cast<int>(kMinBits) || bits > static_cast<int>(kMaxBits))
+    bad_decision(dec, field, "must be in 1..8, got " + std::to_string(bits));
+}
+
+}  // namespace detail
+
+// The layout of the decision's bytes, checking everything they depend on but not the low-rank
+// basis and mean (which fix what the codes mean, not how many there are). Throws kvq::Error naming
+// the decision (layer, KV head, side) and the field: TQ groups that are not a partition of [0, d),
+// widths outside 1..8, more than 32 groups, rank outside [1, d], KIVI group_size outside
+// 1..65536, d outside [1, 4096].
+inline PackedLayout layout_ignoring_payload(const HeadDecision& dec, int head_dim) {
+  using detail::bad_decision;
+  using detail::check_bits;
+  if (head_dim < 1 || head_dim > static_cast<int>(kMaxHeadDim))
+    bad_decision(dec, "head_dim", "must be in 1..4096, got " + std::to_string(head_dim));
+  if (dec.side != Side::kK && dec.side != Side::kV)
+    bad_decision(dec, "side", "unknown value " + std::to_string(static_cast<uint32_t>(dec.side)));
+  const uint32_t side = static_cast<uint32_t>(dec.side);
+  const uint32_t d = static_cast<uint32_t>(head_dim);
+
+  switch (dec.kind) {
+    case CodingKind::kTqGroups: {
+      if (dec.groups.empty()) bad_decision(dec, "groups", "TQ decision has no groups");
+      if (dec.groups.size() > kMaxGroups)
+        bad_decision(dec, "groups", "at most 32 groups, got " + std::to_string(dec.groups.size()));
+      std::vector<int> seen(static_cast<size_t>(head_dim), -1);
+      std::vector<uint16_t> dims;
+      std::vector<uint8_t> bits;
+      for (size_t g = 0; g < dec.groups.size(); ++g) {
+        const TqGroup& grp = dec.groups[g];
+        const std::string f = "groups[" + std::to_string(g) + "]";
+        check_bits(dec, f + ".bits", grp.bits);
+        if (grp.dims.empty()) bad_decision(dec, f + ".dims", "is empty");
+        for (int c : grp.dims) {
+          if (c < 0 || c >= head_dim)
+            bad_decision(dec, f + ".dims",
+                         "coordinate " + std::to_string(c) + " outside [0, " + std::to_string(head_dim) + ")");
+          if (seen[static_cast<size_t>(c)] >= 0)
+            bad_decision(dec, f + ".dims",
+                         "coordinate " + std::to_string(c) + " already in groups[" +
+                             std::to_string(seen[static_cast<size_t>(c)]) + "]");
+          seen[static_cast<size_t>(c)] = static_cast<int>(g);
+        }
+        dims.push_back(static_cast<uint16_t>(grp.dims.size()));
+        bits.push_back(static_cast<uint8_t>(grp.bits));
+      }
+      for (int c = 0; c < head_dim; ++c)
+        if (seen[static_cast<size_t>(c)] < 0)
+          bad_decision(dec, "groups", "coordinate " + std::to_string(c) + " is in no group");
+      return make_tq_layout(side, d, dims.data(), bits.data(), static_cast<uint32_t>(dims.size()));
+    }
+    case CodingKind::kLowRankHadamard:
+      if (dec.rank < 1 || dec.rank > head_dim)
+        bad_decision(dec, "rank", "must be in 1.." + std::to_string(head_dim) + ", got " + std::to_string(dec.rank));
+      check_bits(dec, "bits", dec.bits);
+      return make_lrh_layout(side, d, static_cast<uint32_t>(dec.rank), static_cast<uint32_t>(dec.bits));
+    case CodingKind::kKivi:
+      check_bits(dec, "bits", dec.bits);
+      if (dec.group_size < 1 || dec.group_size > 65536)
+        bad_decision(dec, "group_size", "must be in 1..65536, got " + std::to_string(dec.group_size));
+      return make_kivi_layout(side, d, static_cast<uint32_t>(dec.bits), static_cast<uint32_t>(dec.group_size));
+  }
+  bad_decision(dec, "kind", "unknown coding kind " + std::to_string(static_cast<uint32_t>(dec.kind)));
+}
+
+// What the codec codes with: layout_ignoring_payload's checks, then a low-rank basis of d*rank
+// and a mean of d finite values.
+inline PackedLayout layout_for(const HeadDecision& dec, int head_dim) {
+  const PackedLayout L = layout_ignoring_payload(dec, head_dim);
+  if (dec.kind == CodingKind::kLowRankHadamard) {
+    const size_t want = static_cast<size_t>(head_dim) * static_cast<size_t>(dec.rank);
+    if (dec.basis.size() != want)
+      detail::bad_decision(dec, "basis", "has " + std::to_string(dec.basis.size()) +
+                                             " values, expected d*rank = " + std::to_string(want));
+    if (dec.mean.size() != static_cast<size_t>(head_dim))
+      detail::bad_decision(dec, "mean", "has " + std::to_string(dec.mean.size()) + " values, expected d = " +
+                                            std::to_string(head_dim));
+    for (size_t i = 0; i < dec.basis.size(); ++i)
+      if (!std::isfinite(dec.basis[i])) detail::bad_decision(dec, "basis", "non-finite value at " + std::to_string(i));
+    for (size_t i = 0; i < dec.mean.size(); ++i)
+      if (!std::isfinite(dec.mean[i])) detail::bad_decision(dec, "mean", "non-finite value at " + std::to_string(i));
+  }
+  return L;
+}
+
+// Effective bits per dimension of the decision's packed layout (every stored bit per token per
+// dim, see schemas/packed-layout.md); same validation as layout_for.
+inline double effective_bpd(const HeadDecision& dec, int head_dim) {
+  return effective_bpd(layout_for(dec, head_dim));
+}
+
+}  // namespace layout
+}  // namespace kvq
