@@ -13,21 +13,21 @@ namespace {
 TEST(Rope, PreservesNormAndRelativePosition) {
   const int d = 16;
   for (bool inter : {false, true}) {
-    RopeSpec rope{true, 10000.0, 0, inter, {}, 1.0};
+    RopeSpec rope{true, 10000.0, 0, inter ? RopePairing::kInterleaved : RopePairing::kSplitHalf, {}, 1.0};
     std::vector<float> q = test::gaussian_rows(1, d, 1), k = test::gaussian_rows(1, d, 2);
     auto dot_at = [&](int pq, int pk) {
       std::vector<float> a = q, b = k;
-      apply_rope(a.data(), d, pq, rope);
-      apply_rope(b.data(), d, pk, rope);
+      reference_apply_rope(a.data(), d, pq, rope);
+      reference_apply_rope(b.data(), d, pk, rope);
       double s = 0;
       for (int i = 0; i < d; ++i) s += double(a[static_cast<size_t>(i)]) * b[static_cast<size_t>(i)];
       return s;
     };
     EXPECT_NEAR(dot_at(10, 3), dot_at(107, 100), 1e-4);
     std::vector<float> a = q;
-    apply_rope(a.data(), d, 0, rope);
+    reference_apply_rope(a.data(), d, 0, rope);
     EXPECT_EQ(a, q);
-    apply_rope(a.data(), d, 12345, rope);
+    reference_apply_rope(a.data(), d, 12345, rope);
     double n0 = 0, n1 = 0;
     for (int i = 0; i < d; ++i) n0 += q[static_cast<size_t>(i)] * q[static_cast<size_t>(i)], n1 += a[static_cast<size_t>(i)] * a[static_cast<size_t>(i)];
     EXPECT_NEAR(n0, n1, 1e-4);
@@ -36,13 +36,13 @@ TEST(Rope, PreservesNormAndRelativePosition) {
   std::vector<float> e(d, 0.f);
   e[0] = 1.f;
   std::vector<float> a = e;
-  apply_rope(a.data(), d, 1, RopeSpec{true, 10000.0, 0, true, {}, 1.0});
+  reference_apply_rope(a.data(), d, 1, RopeSpec{true, 10000.0, 0, RopePairing::kInterleaved, {}, 1.0});
   EXPECT_NEAR(a[1], std::sin(1.0), 1e-6);
   a = e;
-  apply_rope(a.data(), d, 1, RopeSpec{true, 10000.0, 0, false, {}, 1.0});
+  reference_apply_rope(a.data(), d, 1, RopeSpec{true, 10000.0, 0, RopePairing::kSplitHalf, {}, 1.0});
   EXPECT_NEAR(a[d / 2], std::sin(1.0), 1e-6);
   std::vector<float> tail(d, 1.f);
-  apply_rope(tail.data(), d, 7, RopeSpec{true, 10000.0, 8, false, {}, 1.0});
+  reference_apply_rope(tail.data(), d, 7, RopeSpec{true, 10000.0, 8, RopePairing::kSplitHalf, {}, 1.0});
   for (int i = 8; i < d; ++i) EXPECT_EQ(tail[static_cast<size_t>(i)], 1.f);
 }
 
@@ -60,7 +60,7 @@ TEST(ReferenceAttention, MatchesBruteForceWithGqaAndRope) {
   std::vector<int32_t> pos(T);
   for (int t = 0; t < T; ++t) pos[static_cast<size_t>(t)] = 100 + 3 * t;
   p.positions = pos.data();
-  p.rope = RopeSpec{true, 10000.0, 0, false, {}, 1.0};
+  p.rope = RopeSpec{true, 10000.0, 0, RopePairing::kSplitHalf, {}, 1.0};
   for (int h = 0; h < n_kv; ++h) {
     HeadDecision kd = h == 0 ? test::lrh(d, 12, 4) : test::tq_uniform(d, 4);
     kd.post_rope = h == 1;  // head 0 cached pre-RoPE: RoPE applied after decode
@@ -73,7 +73,7 @@ TEST(ReferenceAttention, MatchesBruteForceWithGqaAndRope) {
     kc.back()->decode(kp.back().data(), T, kd_out.data());
     vc.back()->decode(vp.back().data(), T, vd_out.data());
     if (h == 0)
-      for (int t = 0; t < T; ++t) apply_rope(&kd_out[static_cast<size_t>(t) * d], d, pos[static_cast<size_t>(t)], p.rope);
+      for (int t = 0; t < T; ++t) reference_apply_rope(&kd_out[static_cast<size_t>(t) * d], d, pos[static_cast<size_t>(t)], p.rope);
     kdec.push_back(kd_out);
     vdec.push_back(vd_out);
   }

@@ -134,7 +134,7 @@ void run_attention_case(const AttnCase& ac) {
   std::vector<int32_t> pos(static_cast<size_t>(ac.T));
   for (int i = 0; i < ac.T; ++i) pos[static_cast<size_t>(i)] = 7 + 2 * i;
   p.positions = pos.data();
-  p.rope = codec::RopeSpec{ac.rope, 10000.0, 0, ac.interleaved, {}, 1.0};
+  p.rope = codec::RopeSpec{ac.rope, 10000.0, 0, ac.interleaved ? RopePairing::kInterleaved : RopePairing::kSplitHalf, {}, 1.0};
   for (int h = 0; h < ac.n_kv; ++h) {
     kc.push_back(std::make_unique<HeadCodec>(ac.k(h), d));
     vc.push_back(std::make_unique<HeadCodec>(ac.v(h), d));

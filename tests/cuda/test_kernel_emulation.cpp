@@ -104,7 +104,7 @@ void run_case(const Case& cs) {
   std::vector<int32_t> pos(static_cast<size_t>(cs.T));
   for (int i = 0; i < cs.T; ++i) pos[static_cast<size_t>(i)] = 3 + 5 * i;
   p.positions = pos.data();
-  p.rope = codec::RopeSpec{cs.rope, 10000.0, 0, cs.interleaved, {}, 1.0};
+  p.rope = codec::RopeSpec{cs.rope, 10000.0, 0, cs.interleaved ? RopePairing::kInterleaved : RopePairing::kSplitHalf, {}, 1.0};
   if (cs.scaled_rope) {
     for (int i = 0; i < d / 2; ++i)  // any positive frequencies: the kernel must take them as given
       p.rope.inv_freq.push_back(std::pow(500000.0, -2.0 * i / d) / (i < d / 4 ? 1.0 : 8.0));

@@ -289,7 +289,7 @@ TEST(KvCoder, PostRopeDecisionsAreCodedAfterRope) {
   rope.enabled = true;
   rope.theta = c.rope_theta;
   rope.rotary_dim = c.rotary_dim;
-  rope.interleaved = c.pairing == RopePairing::kInterleaved;
+  rope.pairing = c.pairing;
   double max_k = 0, max_v = 0;
   for (int h = 0; h < H; ++h) {
     const HeadDecision *kd = nullptr, *vd = nullptr;
@@ -298,12 +298,12 @@ TEST(KvCoder, PostRopeDecisionsAreCodedAfterRope) {
     codec::HeadCodec kc(*kd, d), vc(*vd, d);
     for (int t = 0; t < n; ++t) {
       std::vector<float> x(k.begin() + long((size_t(t) * H + h) * d), k.begin() + long((size_t(t) * H + h + 1) * d));
-      codec::apply_rope(x.data(), d, pos[t], rope);
+      codec::reference_apply_rope(x.data(), d, pos[t], rope);
       std::vector<float> y(static_cast<size_t>(d));
       kc.round_trip(x.data(), 1, y.data());
       codec::RopeSpec inv = rope;
       // Inverse RoPE = RoPE at the negated position.
-      codec::apply_rope(y.data(), d, -pos[t], inv);
+      codec::reference_apply_rope(y.data(), d, -pos[t], inv);
       std::vector<float> vx(v.begin() + long((size_t(t) * H + h) * d), v.begin() + long((size_t(t) * H + h + 1) * d));
       std::vector<float> vy(static_cast<size_t>(d));
       vc.round_trip(vx.data(), 1, vy.data());

@@ -66,7 +66,7 @@ Metrics brute_force(const CalibFile& c, const AllocFile& a, int layer, int windo
   rope.enabled = true;
   rope.theta = p.rope_theta;
   rope.rotary_dim = p.rotary_dim;
-  rope.interleaved = p.pairing == RopePairing::kInterleaved;
+  rope.pairing = p.pairing;
   rope.inv_freq = p.rope_inv_freq;
   rope.attention_factor = p.rope_attention_factor;
   double mae = 0, pairs = 0, kl = 0, top = 0, queries = 0, eo = 0, no = 0;
@@ -84,19 +84,19 @@ Metrics brute_force(const CalibFile& c, const AllocFile& a, int layer, int windo
       for (int t = 0; t < T; ++t)
         for (int i = 0; i < d; ++i) k[size_t(t) * d + i] = kv_at(c.holdout.k, t, i), v[size_t(t) * d + i] = kv_at(c.holdout.v, t, i);
       std::vector<float> kpost = k;
-      for (int t = 0; t < T; ++t) codec::apply_rope(kpost.data() + size_t(t) * d, d, c.holdout.positions[t], rope);
+      for (int t = 0; t < T; ++t) codec::reference_apply_rope(kpost.data() + size_t(t) * d, d, c.holdout.positions[t], rope);
       if (kd->post_rope) {
         kc.round_trip(kpost.data(), T, kh.data());
       } else {
         kc.round_trip(k.data(), T, kh.data());
-        for (int t = 0; t < T; ++t) codec::apply_rope(kh.data() + size_t(t) * d, d, c.holdout.positions[t], rope);
+        for (int t = 0; t < T; ++t) codec::reference_apply_rope(kh.data() + size_t(t) * d, d, c.holdout.positions[t], rope);
       }
       vc.round_trip(v.data(), T, vh.data());
       for (int g = h * gs; g < (h + 1) * gs; ++g) {
         for (int t = 0; t < T; ++t) {
           std::vector<float> q(static_cast<size_t>(d));
           for (int i = 0; i < d; ++i) q[size_t(i)] = c.holdout.q[(((size_t(layer) * M + m) * T + t) * NH + g) * d + i];
-          codec::apply_rope(q.data(), d, c.holdout.positions[t], rope);
+          codec::reference_apply_rope(q.data(), d, c.holdout.positions[t], rope);
           std::vector<int> keys;
           for (int j = 0; j <= t; ++j)
             if (window == 0 || j > t - window) keys.push_back(j);

@@ -8,7 +8,7 @@
 
 namespace kvq::codec {
 
-void apply_rope(float* x, int head_dim, int64_t pos, const RopeSpec& rope) {
+void reference_apply_rope(float* x, int head_dim, int64_t pos, const RopeSpec& rope) {
   const int dr = rope.rotary_dim > 0 ? rope.rotary_dim : head_dim;
   const int nb = dr / 2;
   KVQ_ASSERT(rope.inv_freq.empty() || rope.inv_freq.size() == static_cast<size_t>(nb));
@@ -18,11 +18,12 @@ void apply_rope(float* x, int head_dim, int64_t pos, const RopeSpec& rope) {
         rope.inv_freq.empty() ? std::pow(rope.theta, -2.0 * i / dr) : rope.inv_freq[static_cast<size_t>(i)];
     const double ang = static_cast<double>(pos) * inv_freq;
     const double c = af * std::cos(ang), s = af * std::sin(ang);
-    const int a = rope.interleaved ? 2 * i : i;
-    const int b = rope.interleaved ? 2 * i + 1 : i + nb;
-    const double xa = x[a], xb = x[b];
-    x[a] = static_cast<float>(xa * c - xb * s);
-    x[b] = static_cast<float>(xa * s + xb * c);
+    int a, b;
+    rope_block_coords(rope.pairing, head_dim, dr, i, &a, &b);
+    double ya, yb;
+    rope_rotate_pair<double>(x[a], x[b], c, s, &ya, &yb);
+    x[a] = static_cast<float>(ya);
+    x[b] = static_cast<float>(yb);
   }
 }
 
@@ -69,7 +70,7 @@ void reference_decode_attention(const AttentionProblem& p, float* out) {
     kc.decode(p.k_packed[static_cast<size_t>(kv)], T, k.data());
     p.v_codecs[static_cast<size_t>(kv)]->decode(p.v_packed[static_cast<size_t>(kv)], T, v.data());
     if (p.rope.enabled && !kc.decision().post_rope)
-      for (int t = 0; t < T; ++t) apply_rope(k.data() + static_cast<size_t>(t) * d, d, p.positions[t], p.rope);
+      for (int t = 0; t < T; ++t) reference_apply_rope(k.data() + static_cast<size_t>(t) * d, d, p.positions[t], p.rope);
     for (int g = 0; g < group; ++g) {
       const int qh = kv * group + g;
       const float* q = p.q + static_cast<size_t>(qh) * d;

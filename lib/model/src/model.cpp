@@ -69,8 +69,21 @@ RopeTable make_rope_table(const int64_t* positions, int seq, const RopeParams& r
   return tab;
 }
 
-// x: [n_windows][seq][rows_per_pos][head_dim]. The single RoPE kernel: the forward and
-// apply_rope both run it, so they agree bit for bit.
+// One row's rotary dims, turned by rope_rotate_pair at the coordinates rope_stride gives. The
+// pairing is a template argument so that the stride and (interleaved) the partner are constants
+// and the loop over i vectorises.
+template <RopePairing kPairing>
+void rope_row(float* row, int half, const float* c, const float* s, float sign) {
+  const RopeStride st = rope_stride(kPairing, 2 * half);
+  for (int i = 0; i < half; ++i) {
+    float* a = row + st.stride * i;
+    float* b = a + st.partner;
+    rope_rotate_pair<float>(*a, *b, c[i], sign * s[i], a, b);
+  }
+}
+
+// x: [n_windows][seq][rows_per_pos][head_dim]. The forward's single RoPE kernel (fp32): the
+// forward and apply_rope both run it, so they agree bit for bit.
 void rope_rows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,
                const RopeTable& tab, RopePairing pairing, bool inverse) {
   const int half = tab.half;
@@ -84,21 +97,10 @@ void rope_rows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int h
       const float* s = tab.sin.data() + size_t(t) * half;
       for (int64_t r = 0; r < rows_per_pos; ++r) {
         float* row = x + (wt * rows_per_pos + r) * head_dim;
-        if (pairing == RopePairing::kSplitHalf) {
-          float* lo = row;
-          float* hi = row + half;
-          for (int i = 0; i < half; ++i) {
-            const float a = lo[i], b = hi[i], si = sign * s[i];
-            lo[i] = a * c[i] - b * si;
-            hi[i] = b * c[i] + a * si;
-          }
-        } else {
-          for (int i = 0; i < half; ++i) {
-            const float a = row[2 * i], b = row[2 * i + 1], si = sign * s[i];
-            row[2 * i] = a * c[i] - b * si;
-            row[2 * i + 1] = b * c[i] + a * si;
-          }
-        }
+        if (pairing == RopePairing::kSplitHalf)
+          rope_row<RopePairing::kSplitHalf>(row, half, c, s, sign);
+        else
+          rope_row<RopePairing::kInterleaved>(row, half, c, s, sign);
       }
     }
   });

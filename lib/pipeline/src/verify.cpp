@@ -43,7 +43,7 @@ codec::RopeSpec rope_of(const CalibProvenance& p) {
   r.enabled = true;
   r.theta = p.rope_theta;
   r.rotary_dim = p.rotary_dim;
-  r.interleaved = p.pairing == RopePairing::kInterleaved;
+  r.pairing = p.pairing;
   r.inv_freq = p.rope_inv_freq;
   r.attention_factor = p.rope_attention_factor;
   return r;
@@ -90,7 +90,7 @@ Coded code_window(const codec::HeadCodec& kc, const codec::HeadCodec& vc, const 
     std::copy_n(v_src + size_t(t) * stride, d, v_true.data() + size_t(t) * size_t(d));
   }
   k_post_true = k_pre;
-  for (int t = 0; t < T; ++t) codec::apply_rope(k_post_true.data() + size_t(t) * size_t(d), d, pos[t], rope);
+  for (int t = 0; t < T; ++t) codec::reference_apply_rope(k_post_true.data() + size_t(t) * size_t(d), d, pos[t], rope);
   Coded c;
   c.k_post.resize(k_pre.size());
   c.v.resize(v_true.size());
@@ -98,7 +98,7 @@ Coded code_window(const codec::HeadCodec& kc, const codec::HeadCodec& vc, const 
     kc.round_trip(k_post_true.data(), T, c.k_post.data());
   } else {
     kc.round_trip(k_pre.data(), T, c.k_post.data());
-    for (int t = 0; t < T; ++t) codec::apply_rope(c.k_post.data() + size_t(t) * size_t(d), d, pos[t], rope);
+    for (int t = 0; t < T; ++t) codec::reference_apply_rope(c.k_post.data() + size_t(t) * size_t(d), d, pos[t], rope);
   }
   vc.round_trip(v_true.data(), T, c.v.data());
   return c;
@@ -163,7 +163,7 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
           const size_t base_q = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(NH) * d + size_t(g) * d;
           for (int t = 0; t < T; ++t) {
             std::copy_n(c.holdout.q.data() + base_q + size_t(t) * NH * d, d, Q.data() + size_t(t) * d);
-            codec::apply_rope(Q.data() + size_t(t) * d, d, c.holdout.positions[size_t(t)], rope);
+            codec::reference_apply_rope(Q.data() + size_t(t) * d, d, c.holdout.positions[size_t(t)], rope);
           }
           Eigen::MatrixXd S = (Q * K.transpose()).cast<double>() * inv_sqrt_d;
           Eigen::MatrixXd Sh = (Q * Kh.transpose()).cast<double>() * inv_sqrt_d;

@@ -26,6 +26,7 @@
 #include "kvq/codec/codec.hpp"
 #include "kvq/cuda/cuda.hpp"
 #include "kvq/cuda/device_codec.cuh"
+#include "kvq/format/rope.hpp"
 #include "kvq/util/error.hpp"
 
 #ifndef KVQ_DYNAMIC_SMEM
@@ -57,7 +58,7 @@ struct AttnParams {
   const double* inv_freq;       // [rotary_dim / 2] (RoPE only)
   double rope_attention_factor; // cos/sin multiplier (YaRN; 1 otherwise)
   int rotary_dim;
-  int interleaved;
+  RopePairing pairing;
   int rope_enabled;
   int n_q, n_kv, group, d, T;
   int t_first;  // first attended token (sliding window); splits cover [t_first, T)
@@ -179,7 +180,7 @@ inline AttnParams make_attn_params(const codec::AttentionProblem& p, const AttnP
   P.inv_freq = plan.rope ? b.inv_freq : nullptr;
   P.rotary_dim = plan.rotary_dim;
   P.rope_attention_factor = p.rope.attention_factor;
-  P.interleaved = p.rope.interleaved ? 1 : 0;
+  P.pairing = p.rope.pairing;
   P.rope_enabled = plan.rope ? 1 : 0;
   P.n_q = p.n_q_heads;
   P.n_kv = p.n_kv_heads;
@@ -260,12 +261,13 @@ __global__ void __launch_bounds__(kThreads) attention_partial_kernel(AttnParams 
         sincos(ang, &s, &c);
         s *= P.rope_attention_factor;
         c *= P.rope_attention_factor;
-        const int a = P.interleaved ? 2 * i : i;
-        const int b = P.interleaved ? 2 * i + 1 : i + nb;
+        int a, b;
+        rope_block_coords(P.pairing, d, P.rotary_dim, i, &a, &b);
         float* row = xk + t * d;
-        const double xa = row[a], xb = row[b];
-        row[a] = (float)(xa * c - xb * s);
-        row[b] = (float)(xa * s + xb * c);
+        double ya, yb;
+        rope_rotate_pair<double>(row[a], row[b], c, s, &ya, &yb);
+        row[a] = (float)ya;
+        row[b] = (float)yb;
       }
       __syncthreads();
     }

@@ -6,25 +6,29 @@
 #include <vector>
 
 #include "kvq/codec/codec.hpp"
+#include "kvq/format/rope.hpp"
 
 namespace kvq::codec {
 
 // RoPE applied to decoded keys whose decision says post_rope == false (keys cached pre-RoPE).
-// Block i < rotary_dim/2 rotates by pos * theta^(-2i/rotary_dim) the pair (2i, 2i+1) when
-// interleaved (Meta / llama2.c) or (i, i + rotary_dim/2) when split-half (HF rotate_half).
-// A model with scaled RoPE (llama3, yarn, ...) gives its own inverse frequencies and attention
-// factor (cos/sin are multiplied by it), as the calibration file records them.
+// Block i < rotary_dim/2 rotates by pos * theta^(-2i/rotary_dim) the pair of coordinates that
+// rope_block_coords (kvq/format/rope.hpp) gives for `pairing`. A model with scaled RoPE (llama3,
+// yarn, ...) gives its own inverse frequencies and attention factor (cos/sin are multiplied by
+// it), as the calibration file records them.
 struct RopeSpec {
   bool enabled = false;
   double theta = 10000.0;
   int rotary_dim = 0;  // 0 means head_dim
-  bool interleaved = false;
+  RopePairing pairing = RopePairing::kSplitHalf;
   std::vector<double> inv_freq;   // [rotary_dim / 2]; empty: theta^(-2i/rotary_dim)
   double attention_factor = 1.0;
 };
 
-// Rotates x[0..d) in place for position pos (angles and sin/cos in double).
-void apply_rope(float* x, int head_dim, int64_t pos, const RopeSpec& rope);
+// The double-precision reference RoPE of one head vector: rotates x[0..head_dim) in place for
+// position pos (angles, sin/cos and the rotation in double; a negative pos rotates back). The
+// oracle of the CUDA kernels' RoPE. Not the forward's kernel: kvq::apply_rope (kvq/model/model.hpp)
+// rotates batches in fp32 from a float cos/sin table, so the two differ in the last bits.
+void reference_apply_rope(float* x, int head_dim, int64_t pos, const RopeSpec& rope);
 
 struct AttentionProblem {
   int n_q_heads = 0;

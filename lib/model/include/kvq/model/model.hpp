@@ -47,10 +47,11 @@ class Model {
 
 // Applies RoPE in place to x [T][rows_per_pos][head_dim] (fp32, contiguous; rows_per_pos is
 // usually the head count) at positions[T]; inverse rotates back (and divides out the attention
-// factor). The same kernel the forward uses, so results match it bit for bit. Uses
-// cfg.rotary_dim, cfg.pairing and rope_params(cfg, rope_len); dims at or past rotary_dim are left
-// untouched. rope_len is the length of the forward the positions belong to (only `dynamic` RoPE
-// depends on it); <= 0 means the largest position + 1.
+// factor). The same fp32 kernel the forward uses, so results match it bit for bit (the double
+// reference of one vector is codec::reference_apply_rope; both pair coordinates as
+// kvq/format/rope.hpp says). Uses cfg.rotary_dim, cfg.pairing and rope_params(cfg, rope_len); dims
+// at or past rotary_dim are left untouched. rope_len is the length of the forward the positions
+// belong to (only `dynamic` RoPE depends on it); <= 0 means the largest position + 1.
 void apply_rope(float* x, int64_t rows_per_pos, int seq, int head_dim, const int64_t* positions,
                 const ModelConfig& cfg, bool inverse = false, int64_t rope_len = 0);
 // The same for n_windows windows laid out [n_windows][T][rows_per_pos][head_dim] that share
