@@ -30,10 +30,11 @@ double brute(const std::vector<HeadCurve>& c, int64_t total) {
   double best = INFINITY;
   std::function<void(int, int64_t, double)> rec = [&](int h, int64_t left, double acc) {
     if (h == n - 1) {
-      if (left >= c[h].b_min && left <= c[h].b_max) best = std::min(best, acc + curve_value(c[h], left));
+      if (left >= c[h].budget_floor && left <= c[h].budget_cap)
+        best = std::min(best, acc + curve_value(c[h], left));
       return;
     }
-    for (int64_t B = c[h].b_min; B <= c[h].b_max && B <= left; ++B)
+    for (int64_t B = c[h].budget_floor; B <= c[h].budget_cap && B <= left; ++B)
       rec(h + 1, left - B, acc + curve_value(c[h], B));
   };
   rec(0, total, 0.0);
@@ -57,7 +58,7 @@ TEST(ExactSolver, MatchesBruteForceOnNonConvexCurves) {
       curves.push_back(make_curve(opts, bmin, bmax));
     }
     int64_t lo = 0, hi = 0;
-    for (const auto& c : curves) lo += c.points.front().cost, hi += c.b_max;
+    for (const auto& c : curves) lo += c.points.front().cost, hi += c.budget_cap;
     for (int64_t total = lo; total <= hi; total += 1 + static_cast<int64_t>(rng() % 3)) {
       ExactSolution s = solve_exact_budget(curves, total);
       double truth = brute(curves, total);
@@ -65,8 +66,8 @@ TEST(ExactSolver, MatchesBruteForceOnNonConvexCurves) {
       ASSERT_EQ(std::accumulate(s.budgets.begin(), s.budgets.end(), int64_t{0}), total);
       double check = 0;
       for (int h = 0; h < n; ++h) {
-        EXPECT_GE(s.budgets[h], curves[h].b_min);
-        EXPECT_LE(s.budgets[h], curves[h].b_max);
+        EXPECT_GE(s.budgets[h], curves[h].budget_floor);
+        EXPECT_LE(s.budgets[h], curves[h].budget_cap);
         EXPECT_LE(curves[h].points[s.point[h]].cost, s.budgets[h]);
         check += curves[h].points[s.point[h]].distortion;
       }

@@ -29,7 +29,7 @@ struct Stairs {
   std::vector<double> hdist, eff;
   std::vector<char> eff_sorted;  // per head (when has_seg): its efficiencies never rise
   bool has_seg = false;
-  std::vector<int64_t> b_min, b_max;
+  std::vector<int64_t> budget_floor, budget_cap;  // per head
   // Options a caller kept out of head h's staircase (it proves them useless after the solve):
   // [ex_start[h], ex_start[h+1]). Empty unless the caller fills them.
   std::vector<int64_t> ex_cost;
@@ -42,13 +42,13 @@ struct Stairs {
     ex_start.assign(1, 0);
     start.assign(1, 0);
     hstart.assign(1, 0);
-    b_min.clear();
-    b_max.clear();
+    budget_floor.clear();
+    budget_cap.clear();
     eff_sorted.clear();
     has_hull = false;
     has_seg = false;
   }
-  int n() const { return static_cast<int>(b_min.size()); }
+  int n() const { return static_cast<int>(budget_floor.size()); }
   size_t used() const { return start.back(); }
   // Make room for `more` points (and hull entries) after the ones in use.
   void reserve_more(size_t more) {
@@ -71,12 +71,14 @@ struct Stairs {
     ex_start.push_back(ex_cost.size());
     start.push_back(start.back() + n_points);
     hstart.push_back(hstart.back() + n_hull);
-    b_min.push_back(lo);
-    b_max.push_back(hi);
+    budget_floor.push_back(lo);
+    budget_cap.push_back(hi);
   }
   const int64_t* cost_of(int h) const { return cost.data() + start[h]; }
   const double* dist_of(int h) const { return dist.data() + start[h]; }
   int size(int h) const { return static_cast<int>(start[h + 1] - start[h]); }
+  const int32_t* hull_of(int h) const { return hull.data() + hstart[h]; }
+  int hull_size(int h) const { return static_cast<int>(hstart[h + 1] - hstart[h]); }
   // D*_h(budget) (+inf when nothing fits); *k = the point index within the head, or -1.
   double value(int h, int64_t budget, int* k = nullptr) const;
 };
@@ -104,8 +106,12 @@ struct SolveInfo {
   std::vector<double> m;   // per head: min over its staircase of D + mu c
 };
 
-// Solves in place: builds the hulls (and their segments) first when the caller did not.
-ExactSolution solve_stairs(Stairs& c, int64_t total, SolveInfo* info = nullptr);
+// The exact solver (exact_solve.cpp; method and guarantees as kvq::alloc::solve_exact_budget,
+// which flattens its curves and calls this). The model path of exact C2 calls it directly with
+// staircases and hulls built from the (r, b) grid. Solves in place: builds the hulls (and their
+// segments) first when the caller did not. *info, when given: mu and the m_h, for a caller that
+// proves options it left out useless.
+ExactSolution solve_exact_budget(Stairs& c, int64_t total, SolveInfo* info = nullptr);
 
 // Rounding allowance of the exactness argument over n heads at this scale (|UB| + sum |m_h| +
 // mu total): 8 (n + 4) ulps.

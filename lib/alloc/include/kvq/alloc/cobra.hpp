@@ -1,5 +1,5 @@
 #pragma once
-// KV-COBRA (paper 001): per-head rank/bit choice (C1), cross-head budget split (C2 damped, C2
+// KV-COBRA: per-head rank/bit choice (C1), cross-head budget split (C2 damped, C2
 // exact, C2 exact over measured distortion), KL reordering of the basis, joint K/V split.
 //
 // Distortion model per head (eigenvalues lambda_1 >= ... >= lambda_d of the head's covariance):
@@ -111,8 +111,10 @@ C2Result cobra_c2_damped(const std::vector<std::vector<double>>& spectra, int64_
                          const BudgetFloor& floor = {});
 
 // Exact integer optimum of sum_h D*_h(B_h), sum_h B_h = total, B_h in [B_min, head_max]
-// (head_max 0 = d * b_max, beyond which D* is flat). Needs kFloor rounding: with kRound, D*(B) is
-// not a budget-feasible curve (the head may spend more than B) and kvq::Error is thrown.
+// (head_max 0 = d * b_max, beyond which D* is flat), by the solver behind solve_exact_budget (the
+// curves are built straight from the grid, not through make_curve). Needs kFloor rounding: with
+// kRound, D*(B) is not a budget-feasible curve (the head may spend more than B) and kvq::Error is
+// thrown.
 C2Result cobra_c2_exact(const std::vector<std::vector<double>>& spectra, int64_t total,
                         const CobraModel& m, const BudgetFloor& floor = {}, int64_t head_max = 0);
 

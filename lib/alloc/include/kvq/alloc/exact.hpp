@@ -15,8 +15,8 @@ struct CurveOption {
 };
 
 // D*(B) as a staircase: D*(B) = points[k].distortion for the largest k with points[k].cost <= B.
-// cost is what the head is charged: max(rank * bits, b_min). Costs strictly increase, distortions
-// strictly decrease, so every point is worth its extra bits.
+// cost is what the head is charged: max(rank * bits, budget_floor). Costs strictly increase,
+// distortions strictly decrease, so every point is worth its extra bits.
 struct CurvePoint {
   int64_t cost = 0;
   double distortion = 0.0;
@@ -26,14 +26,15 @@ struct CurvePoint {
 
 struct HeadCurve {
   std::vector<CurvePoint> points;
-  int64_t b_min = 0;  // the head's budget floor
-  int64_t b_max = 0;  // the head's budget cap (options heavier than this are not on the curve)
+  int64_t budget_floor = 0;  // the head's budget floor
+  int64_t budget_cap = 0;    // the head's budget cap (heavier options are not on the curve)
 };
 
 // Staircase of a set of options (any order). Ties in distortion go to the lighter option, then
-// the smaller rank, then the larger bits. Options heavier than b_max are dropped. Throws
-// kvq::Error when no option fits under b_max or an option's distortion is not finite.
-HeadCurve make_curve(const std::vector<CurveOption>& options, int64_t b_min, int64_t b_max);
+// the smaller rank, then the larger bits. Options heavier than budget_cap are dropped. Throws
+// kvq::Error when no option fits under budget_cap or an option's distortion is not finite.
+HeadCurve make_curve(const std::vector<CurveOption>& options, int64_t budget_floor,
+                     int64_t budget_cap);
 
 // D*(budget) on a curve; +infinity when no point fits.
 double curve_value(const HeadCurve& c, int64_t budget, int* point_index = nullptr);
@@ -60,6 +61,7 @@ struct ExactSolution {
 // sums. Leftover budget (the curves are flat there) is spread evenly over heads below their cap
 // so the sum is met exactly. Ties between equally good splits resolve deterministically (the DP
 // keeps the cheapest).
+// The one exact budget solver: cobra_c2_exact and cobra_c2_exact_measured run it too.
 // Throws kvq::Error if sum of floors > total or sum of caps < total.
 ExactSolution solve_exact_budget(const std::vector<HeadCurve>& curves, int64_t total);
 
