@@ -12,11 +12,13 @@ int main(int argc, char** argv) {
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   kvq::AllocateOptions o;
+  std::string method = kvq::to_string(o.method), v_method = kvq::to_string(o.v_method);
   kvq::cli::add_calib(app, o.calib);
-  app.add_option("--method", o.method, "K allocation method")->default_val(o.method);
+  app.add_option("--method", method, "K allocation method (" + kvq::allocation_method_names(kvq::Side::kK) + ")")
+      ->default_val(method);
   kvq::cli::add_bpd(app, o.bpd, "--bpd", "K budget in bits per dimension (COBRA methods accept fractions)");
-  app.add_option("--v-method", o.v_method, "V allocation method (uniform, cobra-mse, cobra-dp, cobra-measured)")
-      ->default_val(o.v_method);
+  app.add_option("--v-method", v_method, "V allocation method (" + kvq::allocation_method_names(kvq::Side::kV) + ")")
+      ->default_val(v_method);
   app.add_option("--v-bpd", o.v_bpd, "V budget in bits per dimension (default: --bpd, rounded up for uniform)");
   kvq::cli::add_out(app, o.out, "output allocation file (.kvqalloc.h5), written atomically");
   app.add_option("--manifest", o.manifest_json, "also write the JSON manifest (schemas/allocation-manifest.schema.json)");
@@ -45,6 +47,8 @@ int main(int argc, char** argv) {
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {
+    o.method = kvq::allocation_method_from_flag("--method", method, kvq::Side::kK);
+    o.v_method = kvq::allocation_method_from_flag("--v-method", v_method, kvq::Side::kV);
     kvq::run_allocate(o);
     return 0;
   });

@@ -1,10 +1,13 @@
 // A table of corrupt allocation files: each is refused with one line naming the file and field.
+// Also: the optional /solver datasets (before-C2 distortions) round-trip and may be absent.
 #include <gtest/gtest.h>
 
 #include <H5Cpp.h>
 
 #include <filesystem>
+#include <cmath>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "kvq/io/alloc_file.hpp"
@@ -36,6 +39,16 @@ void set_root_attr(const std::string& p, const std::string& name, const std::str
   H5::Group g = f.openGroup("/");
   g.removeAttr(name);
   h5::write_attr(g, name, v);
+}
+
+// Adds /solver/<name> f64 of `dims` to a copy of a file that has no /solver group.
+void add_solver_dataset(const std::string& p, const std::string& name, std::vector<hsize_t> dims,
+                        const std::vector<double>& v) {
+  h5::quiet();
+  H5::H5File f(p, H5F_ACC_RDWR);
+  H5::Group root = f.openGroup("/");
+  H5::Group g = h5::exists(root, "solver") ? root.openGroup("solver") : h5::make_group(root, "solver");
+  h5::write(g, name, dims, v.data());
 }
 
 int first_lowrank(const json& m) {
@@ -113,6 +126,26 @@ TEST(AllocFileBad, Table) {
          v[3] = std::nanf("");
          ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
        }},
+      // The golden file: 4 layers x 2 KV heads.
+      {"before_shape", "but the header implies",
+       [](const std::string& p) {
+         fs::copy_file(kGood, p);
+         add_solver_dataset(p, "k_distortion_before", {8}, std::vector<double>(8, 1.0));
+       }},
+      {"before_negative", "/solver/v_distortion_before: negative or NaN",
+       [](const std::string& p) {
+         fs::copy_file(kGood, p);
+         std::vector<double> v(8, 1.0);
+         v[5] = -0.5;
+         add_solver_dataset(p, "v_distortion_before", {4, 2}, v);
+       }},
+      {"before_nan", "/solver/k_distortion_before: negative or NaN",
+       [](const std::string& p) {
+         fs::copy_file(kGood, p);
+         std::vector<double> v(8, 1.0);
+         v[0] = std::nan("");
+         add_solver_dataset(p, "k_distortion_before", {4, 2}, v);
+       }},
   };
   for (double frac : {0.05, 0.5, 0.95})
     cases.push_back({"truncated_" + std::to_string(int(frac * 100)), "", [frac, size](const std::string& p) {
@@ -134,4 +167,33 @@ TEST(AllocFileBad, Table) {
     EXPECT_NE(err.find(c.expect), std::string::npos) << c.name << ": " << err;
     EXPECT_EQ(err.find('\n'), std::string::npos) << c.name;
   }
+}
+
+TEST(AllocFileSolver, BeforeC2DistortionsAreOptionalAndRoundTrip) {
+  // The golden file predates them: it reads, with none.
+  AllocFile a = read_alloc(kGood);
+  EXPECT_TRUE(a.k_distortion_before.empty());
+  EXPECT_TRUE(a.v_distortion_before.empty());
+  const size_t n = size_t(a.calib.n_layers) * size_t(a.calib.n_kv_heads);
+  std::vector<double> k(n);
+  for (size_t i = 0; i < n; ++i) k[i] = 0.1 * double(i) + 1.0 / 3.0;
+  k[1] = std::numeric_limits<double>::infinity();  // an even split below every measured point
+  for (int with_v : {0, 1}) {
+    SCOPED_TRACE(with_v);
+    a.k_distortion_before = k;
+    a.v_distortion_before = with_v ? std::vector<double>(n, 0.25) : std::vector<double>{};
+    const std::string p = test::temp_path("solver_rt.kvqalloc.h5");
+    write_alloc(p, a);
+    const AllocFile b = read_alloc(p);
+    EXPECT_EQ(b.k_distortion_before, a.k_distortion_before) << "stored bit for bit";
+    EXPECT_EQ(b.distortion_before(Side::kV), a.v_distortion_before);
+    EXPECT_EQ(alloc_manifest(b), alloc_manifest(a)) << "the manifest does not carry them";
+  }
+  // Nothing to store: no /solver group at all.
+  a.k_distortion_before.clear();
+  a.v_distortion_before.clear();
+  const std::string p = test::temp_path("solver_none.kvqalloc.h5");
+  write_alloc(p, a);
+  H5::H5File f(p, H5F_ACC_RDONLY);
+  EXPECT_FALSE(h5::exists(f.openGroup("/"), "solver"));
 }

@@ -1,7 +1,9 @@
 // kvq-inspect as users run it, on calibration and allocation files of two real models
 // (stories260K: llama2.c, interleaved RoPE, d = 8; the demo model: HF Llama, split-half, d = 64):
 // every figure renders and is a real image, the JSON validates, the tables agree with the
-// decisions, the recomputed before-C2 spread is the solver's, and bad input is one line.
+// decisions, the before-C2 distortions the allocation stores are the ones recomputed from the
+// calibration (and their spread the solver's), older files without them still show them, and bad
+// input is one line.
 #include <gtest/gtest.h>
 
 #include <cairo.h>
@@ -12,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -216,8 +219,10 @@ TEST(Inspect, CobraFiguresAndBeforeC2Spread) {
   expect_figure(fig(dir, a, "energy_l3_h0"), report::kEnergySize);
   EXPECT_NE(r.out.find("after C2"), std::string::npos) << r.out;
 
-  // The before-C2 figures are recomputed from the calibration: their spread must be the one the
-  // solver recorded, for every COBRA flavour that has a model curve.
+  EXPECT_NE(r.out.find("distortion before C2 (stored by the solver)"), std::string::npos) << r.out;
+
+  // The before-C2 figures the allocation stores equal the ones recomputed from the calibration,
+  // and their spread is the one the solver recorded, for every COBRA flavour with a model curve.
   const CalibFile c = read_calib(cal, false);
   for (std::string args : {"--method cobra-mse --v-method cobra-mse --bpd 2", "--method cobra-kl --bpd 1.5",
                            "--method cobra-dp --v-method cobra-dp --bpd 3", "--method cobra-dp --bpd 2 --joint-kv",
@@ -229,37 +234,107 @@ TEST(Inspect, CobraFiguresAndBeforeC2Spread) {
     for (Side side : {Side::kK, Side::kV}) {
       const auto before = report::cobra_distortion_before(al, c, side);
       const auto after = report::cobra_distortion_after(al, side);
-      const std::string m = side == Side::kK ? al.method : al.v_method;
-      if (!report::is_cobra_method(m)) {
+      const std::optional<Method> m = report::side_method(al, side);
+      ASSERT_TRUE(m.has_value());
+      if (!is_cobra(*m)) {
         EXPECT_TRUE(before.empty());
+        EXPECT_TRUE(al.distortion_before(side).empty());
+        EXPECT_TRUE(report::distortion_before_c2(al, &c, side).empty());
         continue;
       }
       ASSERT_EQ(before.size(), size_t(c.prov.n_layers * c.prov.n_kv_heads));
+      const std::vector<double>& stored = al.distortion_before(side);
+      ASSERT_EQ(stored.size(), before.size());
+      for (size_t i = 0; i < before.size(); ++i)
+        EXPECT_NEAR(stored[i], before[i], 1e-12 * std::max(1.0, std::abs(before[i]))) << "head " << i;
+      EXPECT_EQ(report::distortion_before_c2(al, nullptr, side), stored) << "the stored ones are shown";
       before_kv.insert(before_kv.end(), before.begin(), before.end());
       after_kv.insert(after_kv.end(), after.begin(), after.end());
       if (joint) continue;
       const json& s = al.summary[side == Side::kK ? "k" : "v"];
       const double want = s["distortion_std_before"];
-      EXPECT_NEAR(report::population_std(before), want, 1e-9 * std::max(1.0, want));
-      EXPECT_NEAR(report::population_std(after), double(s["distortion_std_after"]), 1e-9 * std::max(1.0, want));
+      EXPECT_NEAR(kvq::population_std(before), want, 1e-9 * std::max(1.0, want));
+      EXPECT_NEAR(kvq::population_std(after), double(s["distortion_std_after"]), 1e-9 * std::max(1.0, want));
     }
     if (joint) {
       const double want = al.summary["joint"]["distortion_std_before"];
-      EXPECT_NEAR(report::population_std(before_kv), want, 1e-9 * std::max(1.0, want));
-      EXPECT_NEAR(report::population_std(after_kv), double(al.summary["joint"]["distortion_std_after"]),
+      EXPECT_NEAR(kvq::population_std(before_kv), want, 1e-9 * std::max(1.0, want));
+      EXPECT_NEAR(kvq::population_std(after_kv), double(al.summary["joint"]["distortion_std_after"]),
                   1e-9 * std::max(1.0, want));
     }
   }
 }
 
-TEST(Inspect, CobraMeasuredPlotsWithoutBeforeCurve) {
+TEST(Inspect, CobraMeasuredBeforeCurveIsStoredNotRecomputed) {
   REQUIRE_DEMO_CAL();
   const std::string a = allocate(cal, "meas", "--method cobra-measured --bpd 2 --measure-tokens 128");
   const std::string dir = fresh_dir("figs_meas");
   auto r = inspect(a + " --plots " + dir);
   ASSERT_EQ(r.status, 0) << r.err;
   expect_figure(fig(dir, a, "cobra_heads"), report::kCobraSize, 6);
-  EXPECT_TRUE(report::cobra_distortion_before(read_alloc(a), read_calib(cal, false), Side::kK).empty());
+  // Measured curves cannot be recomputed from the statistics; the solver's own are stored.
+  const AllocFile al = read_alloc(a);
+  EXPECT_TRUE(report::cobra_distortion_before(al, read_calib(cal, false), Side::kK).empty());
+  const auto& stored = al.distortion_before(Side::kK);
+  ASSERT_EQ(stored.size(), size_t(al.calib.n_layers * al.calib.n_kv_heads));
+  const double want = al.summary["k"]["distortion_std_before"];
+  EXPECT_NEAR(kvq::population_std(stored), want, 1e-9 * std::max(1.0, want));
+  EXPECT_TRUE(al.v_distortion_before.empty()) << "V is uniform";
+}
+
+// Allocation files written before kvq stored the before-C2 distortions: recomputed with a
+// calibration, reported missing without one.
+TEST(Inspect, OlderAllocationWithoutStoredBeforeC2) {
+  // The golden cobra-dp file is such a file.
+  const std::string golden = std::string(KVQ_SOURCE_DIR) + "/data/golden/";
+  const std::string g = golden + "cobra-dp-v1.kvqalloc.h5", gcal = golden + "calib-v1.kvqcal.h5";
+  const AllocFile gl = read_alloc(g);
+  ASSERT_TRUE(gl.k_distortion_before.empty());
+  const CalibFile gc = read_calib(gcal, false);
+  EXPECT_FALSE(report::distortion_before_c2(gl, &gc, Side::kK).empty());
+  EXPECT_EQ(report::distortion_before_c2(gl, &gc, Side::kK), report::cobra_distortion_before(gl, gc, Side::kK));
+  EXPECT_TRUE(report::distortion_before_c2(gl, nullptr, Side::kK).empty());
+  auto r = inspect(g + " --calib " + gcal);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("K per-head distortion before C2 (recomputed from calib-v1.kvqcal.h5)"), std::string::npos)
+      << r.out;
+
+  // A new file, and the same file without its /solver group, made from a calibration that is then
+  // gone: the new one still shows them, the old one says they were skipped.
+  REQUIRE_DEMO_CAL();
+  const std::string gone = test::temp_path("gone.kvqcal.h5");
+  fs::copy_file(cal, gone, fs::copy_options::overwrite_existing);
+  const std::string n = allocate(gone, "stored_dp", "--method cobra-dp --bpd 2");
+  fs::remove(gone);
+  const std::string old = test::temp_path("old_dp.kvqalloc.h5");
+  fs::copy_file(n, old, fs::copy_options::overwrite_existing);
+  {
+    H5::H5File f(old, H5F_ACC_RDWR);
+    ASSERT_GE(H5Ldelete(f.getId(), "/solver", H5P_DEFAULT), 0);
+  }
+  ASSERT_TRUE(read_alloc(old).k_distortion_before.empty());
+
+  r = inspect(n);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("K per-head distortion before C2 (stored by the solver)"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("energy and eigenvalue figures skipped"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("before-C2"), std::string::npos) << r.err;
+
+  r = inspect(old);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out.find("distortion before C2"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find("and before-C2 distortions skipped"), std::string::npos) << r.err;
+  const std::string dir = fresh_dir("figs_old");
+  ASSERT_EQ(inspect(old + " -q --plots " + dir).status, 0);
+  expect_figure(fig(dir, old, "cobra_heads"), report::kCobraSize, 6);
+
+  r = inspect(old + " --calib " + cal);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_NE(r.out.find("K per-head distortion before C2 (recomputed from " + fs::path(cal).filename().string() + ")"),
+            std::string::npos)
+      << r.out;
+  const CalibFile c = read_calib(cal, false);
+  EXPECT_EQ(report::distortion_before_c2(read_alloc(old), &c, Side::kK).size(), read_alloc(n).k_distortion_before.size());
 }
 
 TEST(Inspect, StoriesInterleavedSmallHeads) {

@@ -50,15 +50,17 @@ Allocation allocate_uniform(const Shape& shape, Side side, double bits_per_dim,
 }
 
 std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& shape, double k_bpd, double v_bpd,
-                                         const std::string& source) {
-  if (kind != "uniform" && kind != "kivi") throw Error(source, "--baseline", "unknown baseline '" + kind + "'");
+                                         const std::string& source, const std::string& remedy) {
+  if (kind != to_string(Method::kUniform) && kind != to_string(Method::kKivi))
+    throw Error(source, "kind", "unknown baseline '" + kind + "' (uniform or kivi)");
+  const Method method = method_from_string(kind);
   std::vector<HeadDecision> out;
   for (auto [side, bpd] : {std::make_pair(Side::kK, k_bpd), std::make_pair(Side::kV, v_bpd)}) {
     if (!(bpd >= 1 && bpd <= 8 && bpd == std::floor(bpd)))
       throw Error(source, side == Side::kK ? "budget.k_bpd_nominal" : "budget.v_bpd_nominal",
                   "the " + kind + " baseline needs whole bits in 1..8, the allocation has " + num(bpd) +
-                      " (pass --baseline-k-bpd / --baseline-v-bpd)");
-    if (kind == "uniform") {
+                      (remedy.empty() ? "" : " (" + remedy + ")"));
+    if (method == Method::kUniform) {
       Allocation a = allocate_uniform(shape, side, bpd);
       out.insert(out.end(), a.heads.begin(), a.heads.end());
       continue;

@@ -127,8 +127,9 @@ EvalReport run_eval(const EvalOptions& o) {
     kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
     vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
     const alloc::Shape shape{cfg.n_layers, cfg.n_kv_heads, cfg.head_dim};
-    base_coder = std::make_unique<KvCoder>(cfg, alloc::baseline_heads("uniform", shape, kb, vb, o.alloc),
-                                           "uniform baseline");
+    base_coder = std::make_unique<KvCoder>(
+        cfg, alloc::baseline_heads("uniform", shape, kb, vb, o.alloc, "pass --baseline-k-bpd / --baseline-v-bpd"),
+        "uniform baseline");
   }
 
   EvalRow fp;

@@ -39,6 +39,10 @@ static std::string tensor_name(const HeadDecision& h, const char* what) {
          std::to_string(h.kv_head) + "_" + what;
 }
 
+static std::string distortion_before_name(Side s) {
+  return std::string(s == Side::kK ? "k" : "v") + "_distortion_before";
+}
+
 json alloc_manifest(const AllocFile& a) {
   json m;
   m["format"] = kAllocFormat;
@@ -114,6 +118,16 @@ void write_alloc(const std::string& path, const AllocFile& a) {
         KVQ_ASSERT(h.basis.size() == size_t(d) * size_t(h.rank) && h.mean.size() == size_t(d));
         h5::write(t, tensor_name(h, "basis"), {hsize_t(d), hsize_t(h.rank)}, h.basis.data());
         h5::write(t, tensor_name(h, "mean"), {hsize_t(d)}, h.mean.data());
+      }
+      if (!a.k_distortion_before.empty() || !a.v_distortion_before.empty()) {
+        auto s = h5::make_group(root, "solver");
+        const auto L = hsize_t(a.calib.n_layers), H = hsize_t(a.calib.n_kv_heads);
+        for (Side side : {Side::kK, Side::kV}) {
+          const auto& v = a.distortion_before(side);
+          if (v.empty()) continue;
+          KVQ_ASSERT(v.size() == size_t(L * H));
+          h5::write(s, distortion_before_name(side), {L, H}, v.data());
+        }
       }
       f.close();
     } catch (const H5::Exception& e) {
@@ -229,6 +243,18 @@ AllocFile read_alloc(const std::string& path) {
   if (a.heads.size() != size_t(2 * L * H))
     throw Error(path, "manifest.heads", "expected " + std::to_string(2 * L * H) + " decisions (K and V per layer and KV head), found " +
                                             std::to_string(a.heads.size()));
+  // Optional (files written before kvq stored them lack the group): the solver's before-C2 figures.
+  if (h5::exists(root, "solver")) {
+    auto s = h5::open_group(path, root, "solver");
+    for (Side side : {Side::kK, Side::kV}) {
+      const std::string name = distortion_before_name(side);
+      if (!h5::exists(s, name)) continue;
+      auto v = h5::read_f64(path, s, name, {hsize_t(L), hsize_t(H)});
+      for (double x : v)
+        if (!(x >= 0)) throw Error(path, "/solver/" + name, "negative or NaN value");
+      (side == Side::kK ? a.k_distortion_before : a.v_distortion_before) = std::move(v);
+    }
+  }
   return a;
 }
 

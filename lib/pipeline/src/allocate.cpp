@@ -19,33 +19,37 @@ namespace {
 
 using nlohmann::json;
 
-bool is_cobra(const std::string& m) { return m.rfind("cobra-", 0) == 0; }
-
-void check_method(const std::string& flag, const std::string& m, bool v_side) {
-  static const char* k_methods[] = {"uniform", "block-gtq", "cobra-mse", "cobra-kl", "cobra-dp", "cobra-measured"};
-  for (const char* x : k_methods)
-    if (m == x) {
-      if (v_side && (m == "block-gtq" || m == "cobra-kl"))
-        throw Error("", flag, "'" + m + "' allocates keys only (it needs RoPE blocks / queries); use uniform, "
-                              "cobra-mse, cobra-dp or cobra-measured for V");
-      return;
-    }
-  throw Error("", flag, "unknown method '" + m + "' (uniform, block-gtq, cobra-mse, cobra-kl, cobra-dp, cobra-measured)");
+// The names of the methods allocates() accepts for `side`, "a, b, c<last>d".
+std::string method_names(Side side, const char* last) {
+  std::vector<std::string> names;
+  for (const auto& e : kMethodNames)
+    if (allocates(e.method, side)) names.emplace_back(e.name);
+  std::string s;
+  for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? last : ", ") + names[i];
+  return s;
 }
 
-alloc::CobraOptions cobra_options(const AllocateOptions& o, const std::string& method) {
+void check_method(const std::string& flag, Method m, Side side) {
+  if (allocates(m, side)) return;
+  if (allocates(m, Side::kK))
+    throw Error("", flag, "'" + std::string(to_string(m)) + "' allocates keys only (it needs RoPE blocks / queries); use " +
+                              method_names(Side::kV, " or ") + " for V");
+  throw Error("", flag, "unknown method '" + std::string(to_string(m)) + "' (" + allocation_method_names(Side::kK) + ")");
+}
+
+alloc::CobraOptions cobra_options(const AllocateOptions& o, Method method) {
   alloc::CobraOptions c;
   c.model.c = o.q_constant;
   c.model.r_min = o.r_min;
   c.model.b_min = o.cobra_b_min;
   c.model.b_max = o.cobra_b_max;
   c.model.rounding = alloc::c1_rounding_from_string(o.c1_rounding);
-  c.c2 = method == "cobra-mse" || method == "cobra-kl" ? alloc::C2Kind::kDamped : alloc::C2Kind::kExact;
+  c.c2 = method == Method::kCobraMse || method == Method::kCobraKl ? alloc::C2Kind::kDamped : alloc::C2Kind::kExact;
   c.damped.rounds = o.rounds;
   c.damped.damping = o.damping;
   c.floor.abs = o.floor_abs;
   c.floor.div = o.floor_div;
-  c.kl = method == "cobra-kl";
+  c.kl = method == Method::kCobraKl;
   c.seed = o.seed;
   return c;
 }
@@ -128,17 +132,16 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
   return tables;
 }
 
-alloc::Allocation allocate_side(const CalibFile& c, Side side, const std::string& method, double bpd,
-                                const AllocateOptions& o) {
+alloc::Allocation allocate_side(const CalibFile& c, Side side, Method method, double bpd, const AllocateOptions& o) {
   const auto sh = c.shape();
   alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
-  if (method == "uniform") {
+  if (method == Method::kUniform) {
     alloc::UniformOptions u;
     u.b_max = o.b_max;
     u.seed = o.seed;
     return alloc::allocate_uniform(shape, side, bpd, u);
   }
-  if (method == "block-gtq") {
+  if (method == Method::kBlockGtq) {
     alloc::BlockGtqInput in;
     in.shape = shape;
     in.rotary_dim = c.prov.rotary_dim;
@@ -157,8 +160,8 @@ alloc::Allocation allocate_side(const CalibFile& c, Side side, const std::string
   }
   const bool centered = !o.uncentered;
   auto opts = cobra_options(o, method);
-  auto inputs = cobra_inputs(c, side, centered, method == "cobra-kl");
-  if (method == "cobra-measured")
+  auto inputs = cobra_inputs(c, side, centered, method == Method::kCobraKl);
+  if (method == Method::kCobraMeasured)
     return alloc::allocate_cobra_measured(shape, side, measure_tables(c, side, inputs, o), inputs, bpd, opts);
   return alloc::allocate_cobra(shape, side, inputs, bpd, opts);
 }
@@ -194,18 +197,44 @@ json summary_json(const alloc::AllocSummary& s) {
 
 }  // namespace
 
+bool allocates(Method m, Side side) {
+  switch (m) {
+    case Method::kUniform:
+    case Method::kCobraMse:
+    case Method::kCobraDp:
+    case Method::kCobraMeasured: return true;
+    case Method::kBlockGtq:
+    case Method::kCobraKl: return side == Side::kK;
+    case Method::kKivi: return false;  // a baseline of kvq-verify, not an allocation
+  }
+  return false;
+}
+
+std::string allocation_method_names(Side side) { return method_names(side, ", "); }
+
+Method allocation_method_from_flag(const std::string& flag, const std::string& name, Side side) {
+  Method m;
+  try {
+    m = method_from_string(name);
+  } catch (const Error&) {
+    throw Error("", flag, "unknown method '" + name + "' (" + allocation_method_names(Side::kK) + ")");
+  }
+  check_method(flag, m, side);
+  return m;
+}
+
 AllocFile run_allocate(const AllocateOptions& o) {
   if (o.out.empty()) throw Error("", "--out", "an output path is required");
-  check_method("--method", o.method, false);
-  check_method("--v-method", o.v_method, true);
+  check_method("--method", o.method, Side::kK);
+  check_method("--v-method", o.v_method, Side::kV);
   if (!(o.bpd > 0) || !std::isfinite(o.bpd)) throw Error("", "--bpd", "must be > 0, got " + std::to_string(o.bpd));
   if (o.bpd > o.b_max) throw Error("", "--bpd", std::to_string(o.bpd) + " is above b_max " + std::to_string(o.b_max));
-  if (o.joint_kv && !(is_cobra(o.method) && o.method != "cobra-measured" && o.method != "cobra-kl"))
+  if (o.joint_kv && o.method != Method::kCobraMse && o.method != Method::kCobraDp)
     throw Error("", "--joint-kv", "needs --method cobra-mse or cobra-dp (the exact solver splits the budget)");
-  double v_bpd = o.v_bpd > 0 ? o.v_bpd : (o.v_method == "uniform" ? std::ceil(o.bpd) : o.bpd);
+  double v_bpd = o.v_bpd > 0 ? o.v_bpd : (o.v_method == Method::kUniform ? std::ceil(o.bpd) : o.bpd);
   if (v_bpd > o.b_max) throw Error("", "--v-bpd", std::to_string(v_bpd) + " is above b_max " + std::to_string(o.b_max));
 
-  const bool needs_samples = o.method == "cobra-measured" || o.v_method == "cobra-measured";
+  const bool needs_samples = o.method == Method::kCobraMeasured || o.v_method == Method::kCobraMeasured;
   CalibFile c = read_calib(o.calib, needs_samples);
   if (!c.complete())
     throw Error(o.calib, "/windows@windows_done",
@@ -218,8 +247,8 @@ AllocFile run_allocate(const AllocateOptions& o) {
         throw Error(o.calib, "/stats/count_k", "no samples for layer " + std::to_string(l) + " head " + std::to_string(h));
 
   AllocFile a;
-  a.method = o.method;
-  a.v_method = o.joint_kv ? o.method : o.v_method;
+  a.method = to_string(o.method);  // the file records names (frozen strings)
+  a.v_method = to_string(o.joint_kv ? o.method : o.v_method);
   a.k_bpd_nominal = o.bpd;
   a.v_bpd_nominal = o.joint_kv ? o.bpd : v_bpd;
   a.calib_path = o.calib;
@@ -251,12 +280,22 @@ AllocFile run_allocate(const AllocateOptions& o) {
                                              cobra_inputs(c, Side::kV, !o.uncentered, false), o.bpd, opts);
     a.heads = alloc.heads;
     a.summary = {{"joint", summary_json(alloc.summary)}};
+    // The joint solver's before-C2 figures: all K heads, then all V heads.
+    const auto& before = alloc.summary.distortion_before;
+    if (!before.empty()) {
+      KVQ_ASSERT(before.size() % 2 == 0);
+      const auto mid = before.begin() + std::ptrdiff_t(before.size() / 2);
+      a.k_distortion_before.assign(before.begin(), mid);
+      a.v_distortion_before.assign(mid, before.end());
+    }
   } else {
     auto k = allocate_side(c, Side::kK, o.method, o.bpd, o);
     auto v = allocate_side(c, Side::kV, o.v_method, v_bpd, o);
     a.heads = k.heads;
     a.heads.insert(a.heads.end(), v.heads.begin(), v.heads.end());
     a.summary = {{"k", summary_json(k.summary)}, {"v", summary_json(v.summary)}};
+    a.k_distortion_before = k.summary.distortion_before;
+    a.v_distortion_before = v.summary.distortion_before;
   }
   a.k_bpd_effective = side_effective_bpd(a.heads, Side::kK, sh.head_dim);
   a.v_bpd_effective = side_effective_bpd(a.heads, Side::kV, sh.head_dim);

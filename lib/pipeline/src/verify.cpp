@@ -265,7 +265,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
   const double kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
   const double vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
   const alloc::Shape shape{c.prov.n_layers, c.prov.n_kv_heads, c.prov.head_dim};
-  auto base = alloc::baseline_heads(o.baseline, shape, kb, vb, o.alloc);
+  auto base = alloc::baseline_heads(o.baseline, shape, kb, vb, o.alloc, "pass --baseline-k-bpd / --baseline-v-bpd");
   r.baseline = evaluate(c, base, o.baseline, nullptr);
   r.baseline.k_bpd_nominal = kb;
   r.baseline.v_bpd_nominal = vb;

@@ -5,6 +5,7 @@
 #include <ctime>
 #include <filesystem>
 #include <map>
+#include <optional>
 
 #include "kvq/report/plots.hpp"
 #include "kvq/report/summary.hpp"
@@ -106,6 +107,17 @@ void write_json(const json& j, const std::string& path, InspectResult* r) {
 
 void add_files(InspectResult* r, const std::vector<std::string>& files) {
   r->written.insert(r->written.end(), files.begin(), files.end());
+}
+
+// Whether some side's before-C2 distortions are only to be had by recomputing them from the
+// calibration: a COBRA model side of a file written before kvq stored them.
+bool recomputes_before_c2(const AllocFile& a) {
+  for (Side side : {Side::kK, Side::kV}) {
+    const std::optional<Method> m = side_method(a, side);
+    if (m && is_cobra(*m) && *m != Method::kCobraMeasured && has_side(a, side) && a.distortion_before(side).empty())
+      return true;
+  }
+  return false;
 }
 
 json allocation_ref(const AllocFile& a, const std::string& path) {
@@ -233,8 +245,7 @@ json calib_summary_json(const CalibFile& c, const std::string& path) {
 std::vector<Table> alloc_tables(const AllocFile& a, const CalibFile* c) {
   const int d = a.calib.head_dim, H = a.calib.n_kv_heads;
   std::map<Side, std::vector<double>> before;
-  if (c)
-    for (Side s : {Side::kK, Side::kV}) before[s] = cobra_distortion_before(a, *c, s);
+  for (Side s : {Side::kK, Side::kV}) before[s] = distortion_before_c2(a, c, s);
   Table heads;
   heads.header = {"side", "layer", "kv_head", "kind", "rank", "bits", "budget_bits", "code_bits", "eff_bpd",
                   "pred_D", "pred_D_before_C2", "block_bits"};
@@ -307,7 +318,8 @@ std::string alloc_summary_text(const AllocFile& a, const std::string& path, cons
          fmt(jnum(j, "code_bits_used"), 10);
     if (j.contains("predicted_distortion")) s += ", sum predicted D " + fmt(jnum(j, "predicted_distortion"));
     const double b = jnum(j, "distortion_std_before"), af = jnum(j, "distortion_std_after");
-    if (is_cobra_method(side == Side::kK ? a.method : a.v_method))
+    const std::optional<Method> method = side_method(a, side);
+    if (method && is_cobra(*method))
       s += "; per-head D std " + fmt(b) + " -> " + fmt(af) + " after C2" +
            (af > 0 ? " (" + fmt_fixed(b / af, 2) + "x)" : "");
     if (jnum(j, "heads_over_budget") > 0)
@@ -461,24 +473,32 @@ InspectResult run_inspect(const InspectOptions& o, std::FILE* out) {
     cal = read_calib(cal_path, false);
     check_alloc_matches(a, path, cal, cal_path);
     c = &cal;
+  }
+  // Files written before kvq stored the solver's before-C2 distortions need the calibration for them.
+  const bool recompute_before = recomputes_before_c2(a);
+  if (c) {
     if (calib_content_digest(cal) != a.calib_digest)
-      r.notes.push_back(cal_path + " is not the calibration " + path +
-                        " was made from (content digest differs): energy, eigen and before-C2 figures show this one");
+      r.notes.push_back(cal_path + " is not the calibration " + path + " was made from (content digest differs): " +
+                        (recompute_before ? "energy, eigen and before-C2 figures show this one"
+                                          : "energy and eigen figures show this one"));
   } else {
     r.notes.push_back("no calibration (" + (a.calib_path.empty() ? std::string("none recorded") : a.calib_path + " is gone") +
-                      "; pass --calib): energy and eigenvalue figures and before-C2 distortions skipped");
+                      "; pass --calib): energy and eigenvalue figures" +
+                      (recompute_before ? " and before-C2 distortions" : "") + " skipped");
   }
   if (c && a.calib.model_path.empty()) a.calib.model_path = c->prov.model_path;  // display only
   std::string s = alloc_summary_text(a, path, c);
-  if (c) {
-    // Before-C2 per-head distortions recomputed from the calibration; their spread must be the
-    // one the solver recorded (a check that the figures show what the solver saw).
+  {
+    // The spread of the before-C2 figures shown must be the one the solver recorded: a check that
+    // the figures show what the solver saw (recomputed ones especially).
     std::string extra;
     for (Side side : {Side::kK, Side::kV}) {
-      const auto before = cobra_distortion_before(a, *c, side);
+      const auto before = distortion_before_c2(a, c, side);
       if (before.empty()) continue;
-      extra += "  " + side_str(side) + " per-head distortion before C2 (recomputed from " + base_name(cal_path) +
-               "): std " + fmt(population_std(before)) + ", solver recorded " +
+      const bool stored = !a.distortion_before(side).empty();
+      extra += "  " + side_str(side) + " per-head distortion before C2 (" +
+               (stored ? std::string("stored by the solver") : "recomputed from " + base_name(cal_path)) + "): std " +
+               fmt(population_std(before)) + ", solver recorded " +
                fmt(jnum(a.summary[summary_key(a, side)], "distortion_std_before")) + "\n";
     }
     if (!extra.empty()) s += "\n" + extra;
@@ -492,8 +512,7 @@ InspectResult run_inspect(const InspectOptions& o, std::FILE* out) {
     const bool lowrank = std::any_of(a.heads.begin(), a.heads.end(),
                                      [](const HeadDecision& h) { return h.kind == CodingKind::kLowRankHadamard; });
     if (lowrank)
-      add_files(&r, plot_cobra_heads(a, c ? cobra_distortion_before(a, *c, Side::kK) : std::vector<double>{},
-                                     c ? cobra_distortion_before(a, *c, Side::kV) : std::vector<double>{},
+      add_files(&r, plot_cobra_heads(a, distortion_before_c2(a, c, Side::kK), distortion_before_c2(a, c, Side::kV),
                                      stem + ".cobra_heads"));
     else
       r.notes.push_back("no low-rank heads (method " + a.method + "/" + a.v_method + "): (rank, bits) figure skipped");

@@ -274,7 +274,7 @@ std::vector<std::string> plot_cobra_heads(const AllocFile& a, const std::vector<
               " before → " + fmt(a.summary[key]["distortion_std_after"].get<double>()) + " after C2";
       if (before.empty())
         sub += (sub.empty() ? "" : "; ") +
-               std::string((side == Side::kK ? a.method : a.v_method) == "cobra-measured"
+               std::string(side_method(a, side) == Method::kCobraMeasured
                                ? "before C2 per head: measured, not recomputed"
                                : "before C2 per head: needs --calib");
       pd.frame(std::string(side_name(side)) + ": per-head distortion before / after C2", sub);
@@ -341,7 +341,7 @@ std::vector<std::string> plot_eigen(const CalibFile& c, const AllocFile* a, int 
         const HeadDecision* h = find_head(*a, side, layer, kv_head);
         if (h && h->kind == CodingKind::kLowRankHadamard) {
           p.vline(h->rank + 0.5, col, 1.8, true);
-          const bool kl = side == Side::kK && a->method == "cobra-kl";
+          const bool kl = side == Side::kK && side_method(*a, side) == Method::kCobraKl;
           kept.push_back({std::string(side_name(side)) + " kept: rank " + std::to_string(h->rank) + " × " +
                               std::to_string(h->bits) + " b" + (kl ? " (directions in KL order)" : ""),
                           col, Mark::kDashed});

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 #include "kvq/alloc/cobra.hpp"
@@ -92,18 +93,16 @@ Fingerprint fingerprint(const AllocFile& a, Side side) {
   return f;
 }
 
-bool is_cobra_method(const std::string& m) { return m.rfind("cobra-", 0) == 0; }
+std::optional<Method> side_method(const AllocFile& a, Side side) {
+  try {
+    return method_from_string(side == Side::kK ? a.method : a.v_method);
+  } catch (const Error&) {
+    return std::nullopt;  // a name this kvq does not know: shown as recorded, no COBRA figures
+  }
+}
 
 bool has_side(const AllocFile& a, Side side) {
   return std::any_of(a.heads.begin(), a.heads.end(), [&](const HeadDecision& h) { return h.side == side; });
-}
-
-double population_std(const std::vector<double>& v) {
-  if (v.size() < 2) return 0.0;
-  const double mean = std::accumulate(v.begin(), v.end(), 0.0) / double(v.size());
-  double ss = 0;
-  for (double x : v) ss += (x - mean) * (x - mean);
-  return std::sqrt(ss / double(v.size()));
 }
 
 namespace {
@@ -169,8 +168,8 @@ std::vector<std::vector<double>> solver_spectra(const AllocFile& a, const CalibF
 }  // namespace
 
 std::vector<double> cobra_distortion_before(const AllocFile& a, const CalibFile& c, Side side) {
-  const std::string& method = side == Side::kK ? a.method : a.v_method;
-  if (!is_cobra_method(method) || method == "cobra-measured" || !has_side(a, side)) return {};
+  const std::optional<Method> method = side_method(a, side);
+  if (!method || !is_cobra(*method) || *method == Method::kCobraMeasured || !has_side(a, side)) return {};
   const auto sh = c.shape();
   const int n = sh.n_layers * sh.n_kv_heads;
   const alloc::CobraModel m = recorded_model(a, side);
@@ -183,8 +182,14 @@ std::vector<double> cobra_distortion_before(const AllocFile& a, const CalibFile&
     return std::vector<double>(first, first + n);
   }
   const double bpd = side == Side::kK ? a.k_bpd_nominal : a.v_bpd_nominal;
-  auto spectra = solver_spectra(a, c, side, side == Side::kK && method == "cobra-kl");
+  auto spectra = solver_spectra(a, c, side, side == Side::kK && *method == Method::kCobraKl);
   return alloc::cobra_c2_none(spectra, alloc::cobra_total_budget(n, sh.head_dim, bpd), m).uniform_distortion;
+}
+
+std::vector<double> distortion_before_c2(const AllocFile& a, const CalibFile* c, Side side) {
+  const size_t n = size_t(a.calib.n_layers) * size_t(a.calib.n_kv_heads);
+  if (a.distortion_before(side).size() == n) return a.distortion_before(side);
+  return c ? cobra_distortion_before(a, *c, side) : std::vector<double>{};
 }
 
 std::vector<double> cobra_distortion_after(const AllocFile& a, Side side) {

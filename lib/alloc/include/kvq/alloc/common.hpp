@@ -6,7 +6,8 @@
 #include <utility>
 #include <vector>
 
-#include "kvq/alloc/decision.hpp"
+#include "kvq/format/decision.hpp"
+#include "kvq/util/statistics.hpp"
 
 namespace kvq::alloc {
 
@@ -42,6 +43,9 @@ struct AllocSummary {
   // budgets (after C2). Equal when no C2 ran.
   double distortion_std_before = 0.0;
   double distortion_std_after = 0.0;
+  // The per-head predictions at the uniform budget themselves, head_index order (joint K/V: all K
+  // then all V); empty when the method has no before-C2 figure (uniform, Block-GTQ).
+  std::vector<double> distortion_before;
   int heads_over_budget = 0;        // COBRA C1 round mode: heads with rank * bits > budget_bits
   int64_t bits_over_budget = 0;     // ... and by how many bits in total
   // Every solver parameter that shaped the result, as (name, value) text, for the allocation file.
@@ -58,8 +62,6 @@ struct Allocation {
 // bit width for TQ-MSE groups, 0 for the Hadamard sign seed.
 uint64_t derive_seed(uint64_t base, int layer, int kv_head, Side side, uint64_t tag);
 
-// Population standard deviation (0 for fewer than two values).
-double population_std(const std::vector<double>& v);
 
 // Fill code_bits_per_dim / effective_bpd / code_bits_used from the decisions.
 void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocSummary* s);

@@ -23,8 +23,9 @@ Allocation allocate_uniform(const Shape& shape, Side side, double bits_per_dim,
 // The baselines kvq-verify and kvq-eval compare an allocation against, at whole K and V bits:
 // "uniform" = allocate_uniform (seed 42) for each side; "kivi" = KIVI (per-channel K, per-token V,
 // groups of 32 tokens). A fractional or out-of-range width throws kvq::Error naming `source` and
-// budget.k_bpd_nominal / budget.v_bpd_nominal; an unknown kind names "--baseline".
+// budget.k_bpd_nominal / budget.v_bpd_nominal, ending with "(<remedy>)" when the caller gives one
+// (what the user can do about it, in the caller's words); an unknown kind names "kind".
 std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& shape, double k_bpd, double v_bpd,
-                                         const std::string& source);
+                                         const std::string& source, const std::string& remedy = "");
 
 }  // namespace kvq::alloc

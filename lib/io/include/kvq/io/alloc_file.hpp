@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "kvq/alloc/decision.hpp"
+#include "kvq/format/decision.hpp"
 #include "kvq/io/calib_file.hpp"
 
 namespace kvq {
@@ -26,6 +26,14 @@ struct AllocFile {
   CalibProvenance calib;         // provenance of the calibration input (model, convention, corpus)
   std::vector<HeadDecision> heads;  // every (layer, KV head, side), sorted by (side, layer, head)
   nlohmann::json summary;        // solver figures (objective, per-head distortion spread, ...)
+  // Per-head distortion the COBRA solver predicted at the even split ("before C2"), layer-major
+  // [n_layers * n_kv_heads], one vector per side. Empty: the side is not COBRA-allocated, or the
+  // file was written before kvq stored them (optional datasets /solver/<s>_distortion_before).
+  std::vector<double> k_distortion_before, v_distortion_before;
+
+  const std::vector<double>& distortion_before(Side s) const {
+    return s == Side::kK ? k_distortion_before : v_distortion_before;
+  }
 
   const HeadDecision& head(Side s, int layer, int kv_head) const;
 };

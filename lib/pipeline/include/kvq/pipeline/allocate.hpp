@@ -3,17 +3,26 @@
 #include <cstdint>
 #include <string>
 
+#include "kvq/format/decision.hpp"
 #include "kvq/io/alloc_file.hpp"
 
 namespace kvq {
+
+// Whether kvq-allocate allocates `side` with `m`: every method but the kivi baseline for K;
+// not block-gtq or cobra-kl for V (they need RoPE blocks / queries).
+bool allocates(Method m, Side side);
+// The names allocates() accepts for a side, ", "-separated, in enum order (for help and errors).
+std::string allocation_method_names(Side side);
+// A --method / --v-method value: kvq::Error naming `flag` unless allocates(method, side).
+Method allocation_method_from_flag(const std::string& flag, const std::string& name, Side side);
 
 struct AllocateOptions {
   std::string calib;
   std::string out;
   std::string manifest_json;         // optional: also write the JSON manifest here
-  std::string method = "block-gtq";  // uniform | block-gtq | cobra-mse | cobra-kl | cobra-dp | cobra-measured
+  Method method = Method::kBlockGtq;  // K
   double bpd = 3.0;
-  std::string v_method = "uniform";  // uniform | cobra-mse | cobra-dp | cobra-measured
+  Method v_method = Method::kUniform;
   double v_bpd = 0.0;                // 0: the K budget (rounded up to whole bits for uniform)
   uint64_t seed = 42;                // rotation / Hadamard sign seeds derive from it
   // Block-GTQ

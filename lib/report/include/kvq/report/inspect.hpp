@@ -34,10 +34,11 @@ InspectResult run_inspect(const InspectOptions& o, std::FILE* out);
 
 // The pieces, for tests and other tools.
 std::string calib_summary_text(const CalibFile& c, const std::string& path);
-// c (may be null): the calibration, for before-C2 distortions per head.
+// c (may be null): the calibration, for before-C2 distortions per head when the allocation does
+// not store them (files written before kvq did).
 std::string alloc_summary_text(const AllocFile& a, const std::string& path, const CalibFile* c = nullptr);
 std::vector<Table> calib_tables(const CalibFile& c);
-std::vector<Table> alloc_tables(const AllocFile& a, const CalibFile* c);  // c: for before-C2 figures
+std::vector<Table> alloc_tables(const AllocFile& a, const CalibFile* c);  // c: as alloc_summary_text
 nlohmann::json calib_summary_json(const CalibFile& c, const std::string& path);
 
 // <dir>/<stem>.csv for table name "", <stem>.<name>.csv otherwise.

@@ -32,7 +32,8 @@ std::vector<std::string> plot_energy(const CalibFile& c, const AllocFile* a, int
 
 // (c) COBRA heads: per side coded low rank, the (rank, bits) of every head (marker area = heads at
 // that point; the even budget r*b = d*bpd as a dashed curve) and the per-head predicted distortion
-// before C2 (`before`, may be empty) and after C2, head index layer-major, log axis.
+// before C2 (`k_before` / `v_before` as distortion_before_c2 gives them; may be empty) and after C2,
+// head index layer-major, log axis.
 std::vector<std::string> plot_cobra_heads(const AllocFile& a, const std::vector<double>& k_before,
                                           const std::vector<double>& v_before, const std::string& stem);
 

@@ -2,13 +2,15 @@
 // What kvq-inspect shows, as data: derived from calibration and allocation files only (lib/io,
 // lib/stats, lib/alloc), so the terminal summary, the CSV/JSON tables and the plots agree.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
-#include "kvq/alloc/decision.hpp"
+#include "kvq/format/decision.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
 #include "kvq/io/kvq_file.hpp"
+#include "kvq/util/statistics.hpp"
 
 namespace kvq::report {
 
@@ -40,7 +42,9 @@ struct Fingerprint {
 };
 Fingerprint fingerprint(const AllocFile& a, Side side);
 
-bool is_cobra_method(const std::string& method);
+// The method a side was allocated with, parsed from the name the file records (once, here);
+// nullopt for a name this kvq does not know.
+std::optional<Method> side_method(const AllocFile& a, Side side);
 bool has_side(const AllocFile& a, Side side);
 
 // Per-head predicted distortion at the even split, i.e. before C2, recomputed from the
@@ -49,9 +53,12 @@ bool has_side(const AllocFile& a, Side side);
 // model allocation (uniform, block-gtq) or is cobra-measured (its curves are measured with the
 // codec on the reservoir, not recomputed here).
 std::vector<double> cobra_distortion_before(const AllocFile& a, const CalibFile& c, Side side);
+// The before-C2 distortions to show: the solver's own, stored in the allocation (any COBRA
+// method, cobra-measured included); for files written before kvq stored them, recomputed from `c`
+// when given (cobra_distortion_before), else empty. Same indexing.
+std::vector<double> distortion_before_c2(const AllocFile& a, const CalibFile* c, Side side);
 // Per-head predicted distortion after C2 as stored in the decisions (same indexing).
 std::vector<double> cobra_distortion_after(const AllocFile& a, Side side);
-double population_std(const std::vector<double>& v);
 
 // ---- calibration ----
 
