@@ -24,7 +24,9 @@ int main(int argc, char** argv) {
   app.add_option("--tokenizer", tok_path, "tokenizer file (default: the model's own)");
   app.add_option("--prompt", prompt, "prompt text (BOS is prepended where the tokenizer adds one)")->default_val(prompt);
   app.add_option("--steps", steps, "tokens to generate")->default_val(32)->check(CLI::Range(0, 1 << 16));
-  app.add_option("--ppl-text", ppl_text, "text file: perplexity of [BOS] + its first tokens, --window in all (BOS where the tokenizer adds one)");
+  // Checked at parse time: a missing file or a directory fails before the generation runs.
+  app.add_option("--ppl-text", ppl_text, "text file: perplexity of [BOS] + its first tokens, --window in all (BOS where the tokenizer adds one)")
+      ->check(CLI::ExistingFile);
   app.add_option("--window", window, "perplexity window in tokens, BOS included")->default_val(257)
       ->check(CLI::Range(2, 1 << 20));
   app.add_option("--json", json_out,

@@ -20,7 +20,9 @@ int main(int argc, char** argv) {
   bool no_bos = false;
   kvq::cli::add_model(app, model_path);
   app.add_option("--tokenizer", tok_path, "tokenizer file (default: the model's own; tokenizer.json wins over tokenizer.model)");
-  auto* text_opt = app.add_option("--text", text_file, "file whose whole contents are tokenized (bytes as they are)");
+  // ExistingFile: a directory would otherwise read as an empty text (ifstream opens it on Linux).
+  auto* text_opt = app.add_option("--text", text_file, "file whose whole contents are tokenized (bytes as they are)")
+                       ->check(CLI::ExistingFile);
   auto* str_opt = app.add_option("--string", text_string, "text given on the command line");
   text_opt->excludes(str_opt);
   app.add_option("--special-tokens", special,

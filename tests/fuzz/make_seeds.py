@@ -25,6 +25,15 @@ for target in ("calib", "alloc", "tokenizer_json"):
     for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
         copy(target, os.path.join(d, f))
 
+# kvq-inspect's summaries read both kinds of HDF5 file, calib-capture merge calibration files: the
+# tiny seeds and the HDF5 regressions of the readers.
+reg = os.path.join(root, "tests", "fuzz", "regressions")
+for target, kinds in (("inspect_summary", ("calib", "alloc")), ("merge", ("calib",))):
+    for kind in kinds:
+        for d in (os.path.join(tiny, kind), os.path.join(reg, kind)):
+            for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
+                copy(target, os.path.join(d, f))
+
 # safetensors: the demo model's real header with a tiny data section re-laid out, plus small files.
 def st(tensors, meta=None):
     hdr, blob = {}, b""
