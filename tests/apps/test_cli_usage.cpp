@@ -87,4 +87,24 @@ TEST(CliUsage, EveryFileArgumentRejectsBadFilesWithoutASignal) {
     }
 }
 
+// A calibration file on which libhdf5 itself faults (a memcpy past its buffer while decoding the
+// root group's attribute messages; found by fuzz_merge). The readers' FaultGuard turns the fault
+// into the usual one-line error and exit 2; the file must never reach the readers' in-process tests
+// (it would end the test process), so it lives outside regressions/calib.
+TEST(CliUsage, LibraryFaultOnCorruptHdf5IsAnError) {
+  const std::string f = std::string(KVQ_SOURCE_DIR) + "/tests/fuzz/regressions/hdf5-faults/calib-attr-message-memcpy.kvqcal.h5";
+  ASSERT_TRUE(fs::exists(f));
+  const std::string out = kvq::test::temp_path("fault-never-written.out");
+  fs::remove(out);
+  for (const std::string& cmd : {bin("kvq-inspect") + " -q " + f, bin("kvq-allocate") + " -q --calib " + f + " --bpd 3 --out " + out,
+                                 bin("kvq-verify") + " -q --calib " + f + " --alloc " + kGolden + "/block-gtq-v1.kvqalloc.h5"}) {
+    SCOPED_TRACE(cmd);
+    const auto r = run_cmd(cmd + " > /dev/null");
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_EQ(lines(r.err), 1) << r.err;
+    EXPECT_NE(r.err.find("calib-attr-message-memcpy.kvqcal.h5"), std::string::npos) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+}
+
 }  // namespace

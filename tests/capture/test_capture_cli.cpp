@@ -88,9 +88,13 @@ TEST(CaptureCli, MergeEqualsOneRunOverTheUnion) {
   CalibFile x = read_calib(all, false), y = read_calib(m, false);
   EXPECT_EQ(x.calib_offsets, y.calib_offsets);
   EXPECT_EQ(x.moments.k.count, y.moments.k.count);
-  EXPECT_LT(max_rel(y.moments.k.gram, x.moments.k.gram), 1e-12);
-  EXPECT_LT(max_rel(y.moments.q.gram, x.moments.q.gram), 1e-12);
-  EXPECT_LT(max_rel(y.moments.v.sum, x.moments.v.sum), 1e-12);
+  // The parts batch their windows differently from the single run (a batch never spans 2→3 here),
+  // and a GEMM's rounding may depend on its row count (OpenBLAS on an AMD EPYC: 1.6e-8 relative on
+  // the K Gram), so the moments agree to fp32 rounding, not bit for bit. A merge that dropped or
+  // doubled a window would be off by ~1/8 and fail the exact counts above.
+  EXPECT_LT(max_rel(y.moments.k.gram, x.moments.k.gram), 1e-6);
+  EXPECT_LT(max_rel(y.moments.q.gram, x.moments.q.gram), 1e-6);
+  EXPECT_LT(max_rel(y.moments.v.sum, x.moments.v.sum), 1e-6);
   // Overlapping windows are refused, naming the field.
   r = test::run_cmd(test::bin("calib-capture") + " -q merge " + a + " " + all + " --out " + m + "x");
   EXPECT_NE(r.status, 0);

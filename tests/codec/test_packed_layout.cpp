@@ -6,8 +6,8 @@
 #include <cstring>
 #include <vector>
 
-#include "kvq/codec/packed_layout.hpp"
-#include "kvq/codec/rng.hpp"
+#include "kvq/format/packed_layout.hpp"
+#include "kvq/util/rng.hpp"
 
 namespace kvq::layout {
 namespace {
@@ -71,12 +71,12 @@ TEST(Bits, LsbFirstExample) {
 // Every width 1..8, group sizes 1, 3, 7, 33, 64, every start bit 0..7: codes survive bit for bit,
 // nothing outside the stream is written, and reads stay inside a buffer that ends at the last code.
 TEST(Bits, PackUnpackAllWidthsAndGroupSizes) {
-  kvq::codec::Rng rng(77);
+  kvq::Rng rng(77);
   for (uint32_t bits = 1; bits <= 8; ++bits) {
     for (uint32_t n : {1u, 3u, 7u, 33u, 64u}) {
       for (uint32_t start = 0; start < 8; ++start) {
         std::vector<uint8_t> codes(n), back(n);
-        for (auto& c : codes) c = static_cast<uint8_t>(rng.next_u64() & ((1u << bits) - 1));
+        for (auto& c : codes) c = static_cast<uint8_t>(rng.next() & ((1u << bits) - 1));
         const uint32_t nbytes = bytes_for_bits(start + uint64_t{n} * bits);
         std::vector<uint8_t> buf(nbytes, 0);  // exactly sized: ASan catches an over-read
         pack_codes(codes.data(), n, bits, buf.data(), start);

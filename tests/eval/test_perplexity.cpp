@@ -106,8 +106,12 @@ double mean(const std::vector<double>& v) { return std::accumulate(v.begin(), v.
 
 }  // namespace
 
-// The tolerance covers float rounding between forwards of different shapes (GEMM blocking); a
-// wrong cache rule changes the NLL by orders of magnitude more at 2 bits.
+// The two forwards differ in shape (one window vs a growing prefix), so their K/V differ by float
+// rounding (GEMM blocking); at 2 bits a value that close to a quantizer boundary can take the
+// neighbouring code in one of them; the flipped code stays in the cache, so every later token
+// moves a little (seen on an AMD EPYC: 2.3e-2 at most, 10 tokens of 39 over 1e-4). So: the mean
+// |difference| is below 3e-3 and none over 0.1, while a wrong cache rule (one position of the sink
+// or the recent window coded when it should not be) moves the mean NLL by ~3e-2.
 TEST(Perplexity, MatchesDecodeLoopForEveryCachePolicy) {
   const Model& m = demo();
   const auto ids = psalm_ids(40);
@@ -118,15 +122,19 @@ TEST(Perplexity, MatchesDecodeLoopForEveryCachePolicy) {
     const auto ref = decode_loop_nll(m, ids, coder, p);
     const auto got = window_token_nll(m, ids, 1, &coder, p);
     ASSERT_EQ(ref.size(), got.size());
-    double max_diff = 0, moved = 0;
+    double max_diff = 0, sum_diff = 0, moved = 0;
     for (size_t t = 0; t < ref.size(); ++t) {
-      max_diff = std::max(max_diff, std::fabs(ref[t] - got[t]));
+      const double d = std::fabs(ref[t] - got[t]);
+      max_diff = std::max(max_diff, d);
+      sum_diff += d;
       moved = std::max(moved, std::fabs(ref[t] - fp[t]));
     }
-    EXPECT_LT(max_diff, 1e-4) << "sink " << p.sink << " recent " << p.recent;
+    const double mean_diff = sum_diff / double(ref.size());
+    EXPECT_LT(mean_diff, 3e-3) << "sink " << p.sink << " recent " << p.recent;
+    EXPECT_LT(max_diff, 0.1) << "sink " << p.sink << " recent " << p.recent;
     EXPECT_GT(moved, 1e-3) << "sink " << p.sink << " recent " << p.recent << ": coding changed nothing";
-    std::printf("sink %2d recent %2d: mean NLL %.5f (decode loop %.5f, fp32 %.5f), max |diff| %.2e\n", p.sink,
-                p.recent, mean(got), mean(ref), mean(fp), max_diff);
+    std::printf("sink %2d recent %2d: mean NLL %.5f (decode loop %.5f, fp32 %.5f), |diff| max %.2e mean %.2e\n",
+                p.sink, p.recent, mean(got), mean(ref), mean(fp), max_diff, mean_diff);
   }
 }
 

@@ -263,7 +263,10 @@ TEST_F(DemoForward, OneDimensionalIdsAndThreads) {
   const at::Tensor b = model_->forward(x[0]);
   EXPECT_GE(set_threads(0), 1);
   set_threads(before);
-  EXPECT_LT((a - b).abs().max().item<float>(), 1e-5);
+  // One thread vs all of them changes only the GEMM's blocking: float rounding, relative to the
+  // logits' size (1.05e-5 absolute on an AMD EPYC at logits of ~15).
+  const float scale = std::max(1.f, a.abs().max().item<float>());
+  EXPECT_LT((a - b).abs().max().item<float>(), 2e-6f * scale);
 }
 
 // ---- Qwen2-style synthetic model against a scalar reference ---------------------------------

@@ -5,6 +5,7 @@
 
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/util/error.hpp"
+#include "kvq/util/rng.hpp"
 
 namespace kvq::alloc {
 
@@ -15,30 +16,13 @@ void validate_shape(const Shape& s) {
   if (s.head_dim <= 0) throw Error("", "head_dim", "must be positive, got " + std::to_string(s.head_dim));
 }
 
-static uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 uint64_t derive_seed(uint64_t base, int layer, int kv_head, Side side, uint64_t tag) {
   // Chained rather than xor-ed so that swapping two fields gives a different seed.
-  uint64_t h = splitmix64(base);
-  h = splitmix64(h ^ static_cast<uint64_t>(static_cast<uint32_t>(layer)));
-  h = splitmix64(h ^ static_cast<uint64_t>(static_cast<uint32_t>(kv_head)));
-  h = splitmix64(h ^ static_cast<uint64_t>(side));
-  return splitmix64(h ^ tag);
-}
-
-double population_std(const std::vector<double>& v) {
-  if (v.size() < 2) return 0.0;
-  double mean = 0.0;
-  for (double x : v) mean += x;
-  mean /= static_cast<double>(v.size());
-  double ss = 0.0;
-  for (double x : v) ss += (x - mean) * (x - mean);
-  return std::sqrt(ss / static_cast<double>(v.size()));
+  uint64_t h = splitmix64_mix(base);
+  h = splitmix64_mix(h ^ static_cast<uint64_t>(static_cast<uint32_t>(layer)));
+  h = splitmix64_mix(h ^ static_cast<uint64_t>(static_cast<uint32_t>(kv_head)));
+  h = splitmix64_mix(h ^ static_cast<uint64_t>(side));
+  return splitmix64_mix(h ^ tag);
 }
 
 void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocSummary* s) {

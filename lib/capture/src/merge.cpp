@@ -2,7 +2,7 @@
 #include <set>
 
 #include "kvq/capture/capture.hpp"
-#include "kvq/corpus/rng.hpp"
+#include "kvq/util/rng.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq {

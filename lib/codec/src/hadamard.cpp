@@ -1,6 +1,6 @@
 #include "kvq/codec/hadamard.hpp"
 
-#include "kvq/codec/rng.hpp"
+#include "kvq/util/rng.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq::codec {
@@ -22,7 +22,7 @@ std::vector<HadamardBlock> hadamard_blocks(int r) {
 std::vector<float> hadamard_signs(uint64_t seed, int r) {
   Rng rng(seed);
   std::vector<float> s(static_cast<size_t>(r));
-  for (float& v : s) v = (rng.next_u64() >> 63) ? -1.0f : 1.0f;
+  for (float& v : s) v = (rng.next() >> 63) ? -1.0f : 1.0f;
   return s;
 }
 

@@ -5,7 +5,7 @@
 #include <mutex>
 #include <utility>
 
-#include "kvq/codec/rng.hpp"
+#include "kvq/util/rng.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq::codec {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "kvq/io/h5.hpp"
+#include "kvq/util/fault_guard.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 #include "open_kvq_file.hpp"
@@ -137,6 +138,7 @@ void write_alloc(const std::string& path, const AllocFile& a) {
 }
 
 AllocFile read_alloc(const std::string& path) {
+  const FaultGuard fault_guard(path);  // libhdf5 can fault on corrupt metadata: one line, exit 2
   const OpenedKvqFile opened = open_kvq_file(path, KvqFileKind::kAllocation);
   const H5::Group& root = opened.root;
   json m;

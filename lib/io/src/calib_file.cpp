@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvq/io/h5.hpp"
+#include "kvq/util/fault_guard.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
@@ -275,6 +276,7 @@ static SideMoments read_side(const std::string& file, const H5::Group& g, const 
 }
 
 CalibFile read_calib(const std::string& path, bool samples) {
+  const FaultGuard fault_guard(path);  // libhdf5 can fault on corrupt metadata: one line, exit 2
   const OpenedKvqFile opened = open_kvq_file(path, KvqFileKind::kCalibration);
   const H5::Group& root = opened.root;
   CalibFile c;

@@ -3,6 +3,7 @@
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
 #include "kvq/io/h5.hpp"
+#include "kvq/util/fault_guard.hpp"
 #include "kvq/util/error.hpp"
 #include "open_kvq_file.hpp"
 
@@ -84,6 +85,7 @@ OpenedKvqFile open_kvq_file(const std::string& path, std::optional<KvqFileKind> 
 }
 
 KvqFileHeader read_kvq_header(const std::string& path, std::optional<KvqFileKind> expect) {
+  const FaultGuard fault_guard(path);  // libhdf5 can fault on corrupt metadata: one line, exit 2
   return open_kvq_file(path, expect).header;
 }
 

@@ -3,16 +3,19 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <sstream>
 
 #include "kvq/util/error.hpp"
+#include "kvq/util/fault_guard.hpp"
 
 namespace kvq {
 
@@ -42,6 +45,54 @@ extern "C" void kvq_remove_temporaries_and_die(int sig) {
     if (s.used.load()) ::unlink(s.path);
   std::signal(sig, SIG_DFL);
   std::raise(sig);
+}
+
+// Fault guard (fault_guard.hpp): the file being read when a fault is turned into an error.
+char g_fault_file[4096];
+std::atomic<int> g_fault_depth{0};
+
+void write_all(int fd, const char* s) {
+  size_t n = 0;
+  while (s[n]) ++n;
+  while (n > 0) {
+    const ssize_t w = ::write(fd, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= size_t(w);
+  }
+}
+
+extern "C" void kvq_fault_to_error(int sig) {
+  if (g_fault_depth.load() <= 0) {  // not inside a guarded read: an ordinary crash
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+    return;
+  }
+  for (auto& s : g_slots)
+    if (s.used.load()) ::unlink(s.path);
+  write_all(2, program_invocation_short_name);
+  write_all(2, ": error: ");
+  write_all(2, g_fault_file);
+  write_all(2, ": corrupt file: the HDF5 library faulted reading its metadata (");
+  write_all(2, sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS" : "SIGFPE");
+  write_all(2, ")\n");
+  ::_exit(2);
+}
+
+void install_fault_handlers_once() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE}) {
+    struct sigaction old {};
+    if (::sigaction(sig, nullptr, &old) != 0) continue;
+    if (old.sa_handler == kvq_fault_to_error) continue;
+    // Leave a handler someone else installed alone (ASan, libFuzzer, a debugger's runtime).
+    if ((old.sa_flags & SA_SIGINFO) != 0 || old.sa_handler != SIG_DFL) continue;
+    struct sigaction sa {};
+    sa.sa_handler = kvq_fault_to_error;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(sig, &sa, nullptr);
+  }
 }
 
 // Checked at every write rather than once per process: a forked child may have restored default
@@ -86,6 +137,22 @@ class TemporaryGuard {
 };
 }  // namespace
 
+FaultGuard::FaultGuard(const std::string& file) {
+  install_fault_handlers_once();
+  std::memcpy(previous_, g_fault_file, sizeof(previous_));
+  const size_t n = std::min(file.size(), sizeof(g_fault_file) - 1);
+  g_fault_depth.fetch_add(1);
+  std::memcpy(g_fault_file, file.data(), n);
+  g_fault_file[n] = 0;
+  active_ = true;
+}
+
+FaultGuard::~FaultGuard() {
+  if (!active_) return;
+  std::memcpy(g_fault_file, previous_, sizeof(previous_));
+  g_fault_depth.fetch_sub(1);
+}
+
 void write_atomically(const std::string& path, const std::function<void(const std::string&)>& writer) {
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   TemporaryGuard guard(tmp);
@@ -116,6 +183,8 @@ void write_file_atomically(const std::string& path, const std::string& bytes) {
 }
 
 std::string read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(path, "", "is a directory, not a file");
   std::ifstream f(path, std::ios::binary);
   if (!f) throw Error(path, "", "cannot open for reading");
   std::ostringstream ss;

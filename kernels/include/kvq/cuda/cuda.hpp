@@ -1,6 +1,6 @@
 #pragma once
 // Host API of the CUDA kernels (kernels/*.cu). Callers need no CUDA headers. The kernels read the
-// packed layout of kvq/codec/packed_layout.hpp and use the tables of a codec::HeadCodec, so their
+// packed layout of kvq/format/packed_layout.hpp and use the tables of a codec::HeadCodec, so their
 // oracle is the CPU reference decoder (codec.hpp) and codec::reference_decode_attention.
 // Every function throws kvq::Error when no device is usable or a CUDA call fails.
 #include <cstdint>

@@ -16,7 +16,7 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "kvq/codec/packed_layout.hpp"
+#include "kvq/format/packed_layout.hpp"
 
 namespace kvq::cuda::detail {
 

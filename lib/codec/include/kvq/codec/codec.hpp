@@ -27,8 +27,8 @@
 #include <memory>
 #include <vector>
 
-#include "kvq/alloc/decision.hpp"
-#include "kvq/codec/packed_layout.hpp"
+#include "kvq/format/decision.hpp"
+#include "kvq/format/packed_layout.hpp"
 #include "kvq/codec/rotation.hpp"
 
 namespace kvq::codec {

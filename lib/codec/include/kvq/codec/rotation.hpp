@@ -1,6 +1,6 @@
 #pragma once
 // Seeded Haar-random orthogonal matrices for TQ-MSE: QR (Householder) of an m x m standard
-// Gaussian matrix from kvq::codec::Rng, columns sign-fixed so that R has a positive diagonal (this
+// Gaussian matrix from kvq::Rng, columns sign-fixed so that R has a positive diagonal (this
 // makes Q exactly Haar distributed). The algorithm is frozen: allocation files store the seed, and
 // the decoder regenerates the matrix from it. Our own Householder (not Eigen's) so an Eigen
 // upgrade cannot change the matrix a recorded seed means.

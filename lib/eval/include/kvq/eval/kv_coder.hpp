@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "kvq/alloc/decision.hpp"
+#include "kvq/format/decision.hpp"
 #include "kvq/codec/codec.hpp"
 #include "kvq/model/config.hpp"
 

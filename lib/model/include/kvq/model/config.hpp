@@ -5,15 +5,9 @@
 #include <string>
 #include <vector>
 
-namespace kvq {
+#include "kvq/format/rope.hpp"
 
-// Written to disk (calibration and allocation files): never renumber.
-enum class RopePairing : uint32_t {
-  kInterleaved = 0,  // block i = coords (2i, 2i+1)       — Meta / llama2.c
-  kSplitHalf = 1,    // block i = coords (i, i + d_r/2)   — HF rotate_half
-};
-const char* to_string(RopePairing p);
-RopePairing rope_pairing_from_string(const std::string& s);  // throws kvq::Error
+namespace kvq {
 
 // RoPE scaling as config.json's `rope_scaling` (or transformers-5 `rope_parameters`) states it.
 // Written to disk by name (calibration provenance `rope_type`): never rename.
@@ -91,19 +85,5 @@ std::vector<double> rope_default_inv_freq(double theta, int rotary_dim);
 // factor of cfg.rope_scaling. Only `dynamic` depends on seq_len (NTK base growth past
 // max_seq_len); seq_len <= 0 means max_seq_len.
 RopeParams rope_params(const ModelConfig& cfg, int64_t seq_len);
-
-// Coordinates (a, b) of RoPE block i for a head of dimension d with rotary dim d_r. Blocks at or
-// past d_r/2 are the unrotated tail, paired in the same convention over the tail dims.
-inline void rope_block_coords(RopePairing p, int d, int d_r, int i, int* a, int* b) {
-  int nr = d_r / 2;
-  if (i < nr) {
-    if (p == RopePairing::kInterleaved) { *a = 2 * i; *b = 2 * i + 1; }
-    else { *a = i; *b = i + nr; }
-  } else {
-    int j = i - nr, tail = d - d_r, nt = tail / 2;
-    if (p == RopePairing::kInterleaved) { *a = d_r + 2 * j; *b = d_r + 2 * j + 1; }
-    else { *a = d_r + j; *b = d_r + j + nt; }
-  }
-}
 
 }  // namespace kvq
