@@ -2,7 +2,9 @@
 // From a HeadDecision to its packed layout (packed_layout.hpp): the one function that says how many
 // bytes a decision stores, used by the codec (lib/codec, which encodes into it) and by the
 // allocators' summary (lib/alloc, AllocSummary::effective_bpd). Host-only (std::string, kvq::Error).
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -51,31 +53,33 @@ inline PackedLayout layout_ignoring_payload(const HeadDecision& dec, int head_di
       if (dec.groups.empty()) bad_decision(dec, "groups", "TQ decision has no groups");
       if (dec.groups.size() > kMaxGroups)
         bad_decision(dec, "groups", "at most 32 groups, got " + std::to_string(dec.groups.size()));
-      std::vector<int> seen(static_cast<size_t>(head_dim), -1);
-      std::vector<uint16_t> dims;
-      std::vector<uint8_t> bits;
+      // Fixed-size scratch and field names built only on the error path: the allocators' summary
+      // calls this for every head of a model (80 layers x 8 heads x 2 sides on a 70B).
+      int16_t seen[kMaxHeadDim];
+      std::fill(seen, seen + head_dim, int16_t(-1));
+      uint16_t dims[kMaxGroups];
+      uint8_t bits[kMaxGroups];
       for (size_t g = 0; g < dec.groups.size(); ++g) {
         const TqGroup& grp = dec.groups[g];
-        const std::string f = "groups[" + std::to_string(g) + "]";
-        check_bits(dec, f + ".bits", grp.bits);
-        if (grp.dims.empty()) bad_decision(dec, f + ".dims", "is empty");
+        auto f = [g] { return "groups[" + std::to_string(g) + "]"; };
+        if (grp.bits < static_cast<int>(kMinBits) || grp.bits > static_cast<int>(kMaxBits))
+          check_bits(dec, f() + ".bits", grp.bits);
+        if (grp.dims.empty()) bad_decision(dec, f() + ".dims", "is empty");
         for (int c : grp.dims) {
           if (c < 0 || c >= head_dim)
-            bad_decision(dec, f + ".dims",
+            bad_decision(dec, f() + ".dims",
                          "coordinate " + std::to_string(c) + " outside [0, " + std::to_string(head_dim) + ")");
-          if (seen[static_cast<size_t>(c)] >= 0)
-            bad_decision(dec, f + ".dims",
-                         "coordinate " + std::to_string(c) + " already in groups[" +
-                             std::to_string(seen[static_cast<size_t>(c)]) + "]");
-          seen[static_cast<size_t>(c)] = static_cast<int>(g);
+          if (seen[c] >= 0)
+            bad_decision(dec, f() + ".dims",
+                         "coordinate " + std::to_string(c) + " already in groups[" + std::to_string(seen[c]) + "]");
+          seen[c] = static_cast<int16_t>(g);
         }
-        dims.push_back(static_cast<uint16_t>(grp.dims.size()));
-        bits.push_back(static_cast<uint8_t>(grp.bits));
+        dims[g] = static_cast<uint16_t>(grp.dims.size());
+        bits[g] = static_cast<uint8_t>(grp.bits);
       }
       for (int c = 0; c < head_dim; ++c)
-        if (seen[static_cast<size_t>(c)] < 0)
-          bad_decision(dec, "groups", "coordinate " + std::to_string(c) + " is in no group");
-      return make_tq_layout(side, d, dims.data(), bits.data(), static_cast<uint32_t>(dims.size()));
+        if (seen[c] < 0) bad_decision(dec, "groups", "coordinate " + std::to_string(c) + " is in no group");
+      return make_tq_layout(side, d, dims, bits, static_cast<uint32_t>(dec.groups.size()));
     }
     case CodingKind::kLowRankHadamard:
       if (dec.rank < 1 || dec.rank > head_dim)
