@@ -1,0 +1,59 @@
+// kvq-export: write what kvq measured or decided in the serving engines' own files.
+#include <cstdio>
+#include <map>
+
+#include "kvq/cli/cli.hpp"
+#include "kvq/export/modelopt.hpp"
+#include "kvq/export/vllm.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kvq-export: hand kvq's results to a serving engine (see README.md, \"Deploying: kvq-export\").\n"
+      "  kvq-export vllm --calib cal.kvqcal.h5 --out kv/ [--strategy tensor|attn_head] [--margin M] [--tp N]\n"
+      "      FP8 E4M3 KV-cache scales, scale = amax * margin / 448, from the calibration file's per-head\n"
+      "      activation maxima: kv/kv_scales.safetensors (model.layers.{i}.self_attn.{k,v,q}_scale, F32),\n"
+      "      kv/kv_cache_scheme.json (merge into config.json's quantization_config) and, with --tp N,\n"
+      "      kv/kv_cache_scales.json (vLLM's --quantization-param-path file, every rank the same).\n"
+      "  kvq-export modelopt --alloc lp.kvqalloc.h5 --out ckpt/\n"
+      "      ckpt/hf_quant_config.json: per-layer FP8 / NVFP4 KV cache of a layer-precision allocation.\n"
+      "Nothing is written when an input is refused (exit 2)."};
+  kvq::cli::Common common;
+  kvq::cli::add_common(app, common);
+  app.require_subcommand(1);
+
+  auto* vllm = app.add_subcommand("vllm", "FP8 KV-cache scales for vLLM / SGLang from a calibration file");
+  std::string calib, vllm_out, strategy = "tensor";
+  kvq::exporter::VllmOptions vo;
+  kvq::cli::add_calib(*vllm, calib);
+  kvq::cli::add_out(*vllm, vllm_out, "output directory (created if missing)");
+  vllm->add_option("--strategy", strategy,
+                   "tensor: one scale per layer for each of K, V, Q (max over heads); attn_head: one per head "
+                   "(k/v [num_kv_heads], q [num_heads])")
+      ->default_val("tensor")
+      ->check(CLI::IsMember({"tensor", "attn_head"}));
+  vllm->add_option("--margin", vo.margin, "headroom factor on every amax (> 0; > 1 leaves room above the calibration maximum)")
+      ->default_val(1.0)
+      ->check(CLI::PositiveNumber);
+  vllm->add_option("--tp", vo.tp, "also write kv_cache_scales.json for this tensor-parallel size")
+      ->check(CLI::Range(1, 65536));
+
+  auto* mo = app.add_subcommand("modelopt", "ModelOpt hf_quant_config.json from a layer-precision allocation");
+  std::string alloc, mo_out;
+  kvq::cli::add_alloc(*mo, alloc);
+  kvq::cli::add_out(*mo, mo_out, "output directory (created if missing), e.g. the checkpoint directory");
+
+  KVQ_CLI_PARSE(app, argc, argv);
+  kvq::cli::apply_common(common);
+  return kvq::cli::run_main("kvq-export", [&] {
+    std::vector<std::string> written;
+    if (vllm->parsed()) {
+      vo.strategy = strategy == "attn_head" ? kvq::exporter::ScaleStrategy::kAttnHead : kvq::exporter::ScaleStrategy::kTensor;
+      written = kvq::exporter::export_vllm(calib, vllm_out, vo);
+    } else {
+      written = kvq::exporter::export_modelopt(alloc, mo_out);
+    }
+    for (const auto& f : written)
+      if (!common.quiet) std::fprintf(stderr, "kvq-export: wrote %s\n", f.c_str());
+    return 0;
+  });
+}

@@ -1,0 +1,24 @@
+#pragma once
+// The --out directory of kvq-export: created only after every check passed.
+#include <filesystem>
+#include <string>
+#include <system_error>
+
+#include "kvq/util/error.hpp"
+
+namespace kvq::exporter::detail {
+
+inline void check_out_dir(const std::string& dir) {
+  if (dir.empty()) throw Error("", "--out", "is empty");
+  std::error_code ec;
+  if (std::filesystem::exists(dir, ec) && !std::filesystem::is_directory(dir, ec))
+    throw Error(dir, "--out", "exists and is not a directory");
+}
+
+inline void make_out_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) throw Error(dir, "--out", "cannot create the directory: " + ec.message());
+}
+
+}  // namespace kvq::exporter::detail

@@ -1,0 +1,148 @@
+#include "kvq/export/vllm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "kvq/codec/minifloat.hpp"
+#include "kvq/util/atomic_file.hpp"
+#include "kvq/util/error.hpp"
+#include "out_dir.hpp"
+
+namespace kvq::exporter {
+
+const char* to_string(ScaleStrategy s) { return s == ScaleStrategy::kTensor ? "tensor" : "attn_head"; }
+
+float VllmScales::kv_layer_scale(int layer) const {
+  const int per = k_per_layer();
+  float m = 0.f;
+  for (int h = 0; h < per; ++h) m = std::max({m, k[size_t(layer) * per + h], v[size_t(layer) * per + h]});
+  return m;
+}
+
+namespace {
+
+std::string num(double x) { return nlohmann::json(x).dump(); }
+
+// amax [L][heads] -> scales [L][heads] or [L][1] (max over the layer's heads).
+std::vector<float> side_scales(const std::vector<float>& amax, int n_layers, int heads, ScaleStrategy s, double margin,
+                               const std::string& path, const char* dataset, const char* head_word) {
+  if (amax.size() != size_t(n_layers) * size_t(heads))
+    throw Error(path, std::string("/stats/") + dataset,
+                std::to_string(amax.size()) + " maxima, expected " + std::to_string(n_layers) + " x " +
+                    std::to_string(heads));
+  for (int l = 0; l < n_layers; ++l)
+    for (int h = 0; h < heads; ++h) {
+      const float a = amax[size_t(l) * heads + h];
+      if (!(a > 0.f) || !std::isfinite(a))
+        throw Error(path, std::string("/stats/") + dataset,
+                    "layer " + std::to_string(l) + " " + head_word + " " + std::to_string(h) + ": amax " +
+                        num(double(a)) +
+                        (a == 0.f ? " (the head never fired on the calibration tokens)" : " (not a finite maximum)") +
+                        ", so no FP8 scale can be derived for it; recapture over more or other text");
+    }
+  const int per = s == ScaleStrategy::kTensor ? 1 : heads;
+  std::vector<float> out(size_t(n_layers) * per);
+  for (int l = 0; l < n_layers; ++l)
+    for (int j = 0; j < per; ++j) {
+      float a = amax[size_t(l) * heads + j];
+      if (s == ScaleStrategy::kTensor)
+        a = *std::max_element(amax.begin() + ptrdiff_t(l) * heads, amax.begin() + ptrdiff_t(l + 1) * heads);
+      // In double, then one rounding to the fp32 the engines store.
+      const double scale = double(a) * margin / double(codec::kE4M3Max);
+      const float f = float(scale);
+      if (!(f > 0.f) || !std::isfinite(f))
+        throw Error(path, std::string("/stats/") + dataset,
+                    "layer " + std::to_string(l) + ": scale amax " + num(double(a)) + " * margin " + num(margin) +
+                        " / 448 = " + num(scale) + " is not a finite fp32 > 0");
+      out[size_t(l) * per + j] = f;
+    }
+  return out;
+}
+
+std::string layer_name(int l, const char* what) {
+  return "model.layers." + std::to_string(l) + ".self_attn." + what;
+}
+
+}  // namespace
+
+VllmScales vllm_scales(const CalibFile& c, const std::string& calib_path, const VllmOptions& o) {
+  if (!(o.margin > 0.0) || !std::isfinite(o.margin))
+    throw Error("", "--margin", num(o.margin) + " is not a finite number > 0");
+  if (o.tp < 0) throw Error("", "--tp", std::to_string(o.tp) + " is not > 0");
+  const Moments& m = c.moments;
+  if (!m.has_amax())
+    throw Error(calib_path, "/stats/amax_k",
+                "the calibration file lacks activation maxima (max |x| per head, recorded from calibration format "
+                "version 3 on); recapture it with this version of calib-capture");
+  VllmScales s;
+  s.strategy = o.strategy;
+  s.n_layers = c.prov.n_layers;
+  s.n_heads = c.prov.n_heads;
+  s.n_kv_heads = c.prov.n_kv_heads;
+  if (s.n_layers <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0)
+    throw Error(calib_path, "/provenance", "n_layers, n_heads and n_kv_heads must be > 0");
+  s.k = side_scales(m.k_amax, s.n_layers, s.n_kv_heads, o.strategy, o.margin, calib_path, "amax_k", "KV head");
+  s.v = side_scales(m.v_amax, s.n_layers, s.n_kv_heads, o.strategy, o.margin, calib_path, "amax_v", "KV head");
+  s.q = side_scales(m.q_amax, s.n_layers, s.n_heads, o.strategy, o.margin, calib_path, "amax_q", "query head");
+  return s;
+}
+
+std::vector<StTensor> vllm_tensors(const VllmScales& s) {
+  std::vector<StTensor> t;
+  const int kp = s.k_per_layer(), qp = s.q_per_layer();
+  auto slice = [](const std::vector<float>& x, int l, int per) {
+    return std::vector<float>(x.begin() + ptrdiff_t(l) * per, x.begin() + ptrdiff_t(l + 1) * per);
+  };
+  for (int l = 0; l < s.n_layers; ++l) {
+    t.push_back(f32_tensor(layer_name(l, "k_scale"), {kp}, slice(s.k, l, kp)));
+    t.push_back(f32_tensor(layer_name(l, "v_scale"), {kp}, slice(s.v, l, kp)));
+    t.push_back(f32_tensor(layer_name(l, "q_scale"), {qp}, slice(s.q, l, qp)));
+  }
+  return t;
+}
+
+nlohmann::json vllm_kv_cache_scheme(ScaleStrategy s) {
+  return {{"kv_cache_scheme",
+           {{"num_bits", 8}, {"type", "float"}, {"strategy", to_string(s)}, {"dynamic", false}, {"symmetric", true}}}};
+}
+
+nlohmann::json vllm_legacy_scales(const VllmScales& s, const std::string& model_type, int tp) {
+  KVQ_ASSERT(tp > 0);
+  nlohmann::json layers = nlohmann::json::object();
+  // double(float) is exact: the number in the file reads back as the same fp32.
+  for (int l = 0; l < s.n_layers; ++l) layers[std::to_string(l)] = double(s.kv_layer_scale(l));
+  nlohmann::json ranks = nlohmann::json::object();
+  for (int r = 0; r < tp; ++r) ranks[std::to_string(r)] = layers;
+  nlohmann::json j;
+  j["model_type"] = model_type.empty() ? nlohmann::json(nullptr) : nlohmann::json(model_type);
+  j["kv_cache"] = {{"dtype", "float8_e4m3fn"}, {"scaling_factor", ranks}};
+  return j;
+}
+
+std::vector<std::string> export_vllm(const std::string& calib_path, const std::string& out_dir, const VllmOptions& o) {
+  detail::check_out_dir(out_dir);
+  const CalibFile c = read_calib(calib_path, /*samples=*/false);
+  const VllmScales s = vllm_scales(c, calib_path, o);
+  const std::map<std::string, std::string> meta = {{"format", "pt"},
+                                                   {"producer", std::string("kvq ") + KVQ_VERSION},
+                                                   {"kvq_strategy", to_string(o.strategy)},
+                                                   {"kvq_margin", num(o.margin)}};
+  const std::string st = safetensors_bytes(vllm_tensors(s), meta);
+  const std::string scheme = vllm_kv_cache_scheme(o.strategy).dump(2) + "\n";
+  const std::string legacy = o.tp > 0 ? vllm_legacy_scales(s, c.prov.architecture, o.tp).dump(2) + "\n" : "";
+
+  detail::make_out_dir(out_dir);
+  std::vector<std::string> written;
+  auto put = [&](const std::string& name, const std::string& bytes) {
+    const std::string p = out_dir + "/" + name;
+    write_file_atomically(p, bytes);
+    written.push_back(p);
+  };
+  put("kv_scales.safetensors", st);
+  put("kv_cache_scheme.json", scheme);
+  if (o.tp > 0) put("kv_cache_scales.json", legacy);
+  return written;
+}
+
+}  // namespace kvq::exporter
