@@ -29,6 +29,7 @@ void require_device() {
 using detail::DeviceBuffer;
 
 DeviceHead::DeviceHead(const codec::HeadCodec& c) {
+  detail::reject_unsupported_kind(c);  // before the device check: the same answer on every machine
   detail::require_device();
   const int d = c.head_dim();
   if (d > kMaxHeadDim)

@@ -39,6 +39,9 @@ void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocS
       case CodingKind::kKivi:
         code += static_cast<int64_t>(h.bits) * head_dim;
         break;
+      case CodingKind::kMinifloat:  // 8-bit E4M3 or 4-bit E2M1 codes (NVFP4 block scales are records)
+        code += static_cast<int64_t>(h.minifloat == MinifloatFormat::kFp8E4M3 ? 8 : 4) * head_dim;
+        break;
     }
     try {  // the basis and mean fix what the codes mean, not how many bytes they take
       bpd_sum += layout::effective_bpd(layout::layout_ignoring_payload(h, head_dim));

@@ -8,6 +8,7 @@
 #include "kvq/codec/codebook.hpp"
 #include "kvq/codec/hadamard.hpp"
 #include "kvq/codec/layout.hpp"
+#include "kvq/codec/minifloat.hpp"
 #include "kvq/util/error.hpp"
 #include "small_gemm.hpp"
 
@@ -89,6 +90,7 @@ HeadCodec::HeadCodec(const HeadDecision& dec, int head_dim)
       break;
     }
     case CodingKind::kKivi:
+    case CodingKind::kMinifloat:
       break;
   }
 }
@@ -112,6 +114,7 @@ void HeadCodec::encode(const float* x, int n_tokens, uint8_t* out) const {
     case CodingKind::kTqGroups: encode_tq(x, n_tokens, out); break;
     case CodingKind::kLowRankHadamard: encode_lrh(x, n_tokens, out); break;
     case CodingKind::kKivi: encode_kivi(x, n_tokens, out); break;
+    case CodingKind::kMinifloat: encode_minifloat(x, n_tokens, out); break;
   }
 }
 
@@ -249,6 +252,23 @@ void HeadCodec::encode_kivi(const float* x, int n_tokens, uint8_t* out) const {
   }
 }
 
+// FP8: the E4M3 codes are the code stream's bytes (8-bit codes, LSB-first = byte order).
+// NVFP4: block scales into the records, E2M1 codes packed two per byte (low nibble first).
+void HeadCodec::encode_minifloat(const float* x, int n_tokens, uint8_t* out) const {
+  const size_t d = static_cast<size_t>(d_);
+  std::vector<uint8_t> codes(d);
+  for (int t = 0; t < n_tokens; ++t) {
+    const float* xt = x + static_cast<size_t>(t) * d;
+    uint8_t* block = out + static_cast<size_t>(t) * layout_.block_bytes;
+    if (dec_.minifloat == MinifloatFormat::kFp8E4M3) {
+      encode_fp8(xt, d, dec_.scale, block);
+    } else {
+      encode_nvfp4(xt, d, codes.data(), block, dec_.scale);
+      layout::pack_codes(codes.data(), static_cast<uint32_t>(d), 4, block + layout_.meta_bytes, 0);
+    }
+  }
+}
+
 namespace {
 
 // Calls f(i, code_i) for n codes of width B from stream bit pos, reading no byte at or beyond
@@ -373,6 +393,21 @@ void HeadCodec::decode_latent(const uint8_t* packed, int n_tokens, float* latent
       }
       return;
     }
+    case CodingKind::kMinifloat: {
+      const size_t d = static_cast<size_t>(d_);
+      std::vector<uint8_t> codes(d);
+      for (int t = 0; t < n_tokens; ++t) {
+        const uint8_t* block = packed + static_cast<size_t>(t) * layout_.block_bytes;
+        float* lt = latent + static_cast<size_t>(t) * cd;
+        if (dec_.minifloat == MinifloatFormat::kFp8E4M3) {
+          decode_fp8(block, d, dec_.scale, lt);
+        } else {
+          unpack_run(block + layout_.meta_bytes, 0, 4, static_cast<uint32_t>(d), end, codes.data());
+          decode_nvfp4(codes.data(), block, d, lt, dec_.scale);
+        }
+      }
+      return;
+    }
   }
 }
 
@@ -405,6 +440,7 @@ void HeadCodec::latent_to_output(const float* latent, int n_tokens, float* out) 
       return;
     }
     case CodingKind::kKivi:
+    case CodingKind::kMinifloat:
       std::memcpy(out, latent, sizeof(float) * static_cast<size_t>(n_tokens) * d_);
       return;
   }
@@ -413,7 +449,7 @@ void HeadCodec::latent_to_output(const float* latent, int n_tokens, float* out) 
 void HeadCodec::decode(const uint8_t* packed, int n_tokens, float* out) const {
   KVQ_ASSERT(n_tokens >= 0);
   const int cd = code_dim();
-  if (dec_.kind == CodingKind::kKivi) {
+  if (dec_.kind == CodingKind::kKivi || dec_.kind == CodingKind::kMinifloat) {
     decode_latent(packed, n_tokens, out);
     return;
   }

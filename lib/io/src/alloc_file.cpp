@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kvq/format/decision_layout.hpp"
 #include "kvq/io/h5.hpp"
 #include "kvq/util/fault_guard.hpp"
 #include "kvq/util/atomic_file.hpp"
@@ -18,6 +19,7 @@ static const char* kind_name(CodingKind k) {
     case CodingKind::kTqGroups: return "tq-groups";
     case CodingKind::kLowRankHadamard: return "lowrank-hadamard";
     case CodingKind::kKivi: return "kivi";
+    case CodingKind::kMinifloat: return "minifloat";
   }
   return "?";
 }
@@ -26,6 +28,7 @@ static CodingKind kind_from(const std::string& file, const std::string& s) {
   if (s == "tq-groups") return CodingKind::kTqGroups;
   if (s == "lowrank-hadamard") return CodingKind::kLowRankHadamard;
   if (s == "kivi") return CodingKind::kKivi;
+  if (s == "minifloat") return CodingKind::kMinifloat;
   throw Error(file, "manifest.heads[].kind", "unknown coding kind '" + s + "'");
 }
 
@@ -44,10 +47,22 @@ static std::string distortion_before_name(Side s) {
   return std::string(s == Side::kK ? "k" : "v") + "_distortion_before";
 }
 
+static MinifloatFormat minifloat_from(const std::string& file, const std::string& where, const std::string& s) {
+  if (s == to_string(MinifloatFormat::kFp8E4M3)) return MinifloatFormat::kFp8E4M3;
+  if (s == to_string(MinifloatFormat::kNvfp4)) return MinifloatFormat::kNvfp4;
+  throw Error(file, where + ".format", "unknown minifloat format '" + s + "' (valid: fp8, nvfp4)");
+}
+
+int64_t alloc_version_for(const AllocFile& a) {
+  for (const auto& h : a.heads)
+    if (h.kind == CodingKind::kMinifloat) return kAllocMinifloatVersion;
+  return kAllocOldestVersion;
+}
+
 json alloc_manifest(const AllocFile& a) {
   json m;
   m["format"] = kAllocFormat;
-  m["version"] = kAllocVersion;
+  m["version"] = alloc_version_for(a);
   m["method"] = a.method;
   m["v_method"] = a.v_method;
   m["params"] = a.params.is_null() ? json::object() : a.params;
@@ -91,6 +106,9 @@ json alloc_manifest(const AllocFile& a) {
       j["scale"] = h.scale;
       j["basis"] = tensor_name(h, "basis");
       j["mean"] = tensor_name(h, "mean");
+    } else if (h.kind == CodingKind::kMinifloat) {
+      j["format"] = to_string(h.minifloat);
+      j["scale"] = h.scale;
     } else {
       j["bits"] = h.bits;
       j["group_size"] = h.group_size;
@@ -111,7 +129,7 @@ void write_alloc(const std::string& path, const AllocFile& a) {
       auto f = h5::create(tmp);
       H5::Group root = f.openGroup("/");
       h5::write_attr(root, "format", std::string(kAllocFormat));
-      h5::write_attr(root, "version", kAllocVersion);
+      h5::write_attr(root, "version", alloc_version_for(a));
       h5::write_attr(root, "manifest", m.dump(1));
       auto t = h5::make_group(root, "tensors");
       for (const auto& h : a.heads) {
@@ -231,6 +249,21 @@ AllocFile read_alloc(const std::string& path) {
           if (!std::isfinite(x)) throw Error(path, where + ".basis", "non-finite value");
         for (float x : h.mean)
           if (!std::isfinite(x)) throw Error(path, where + ".mean", "non-finite value");
+      } else if (h.kind == CodingKind::kMinifloat) {
+        if (opened.header.version < kAllocMinifloatVersion)
+          throw Error(path, where + ".kind", "'minifloat' needs allocation version >= " +
+                                                 std::to_string(kAllocMinifloatVersion) + ", the file is version " +
+                                                 std::to_string(opened.header.version));
+        h.minifloat = minifloat_from(path, where, j.at("format").get<std::string>());
+        // JSON has no inf/NaN: nlohmann writes them as null, which reads back as a type error.
+        const auto& sc = j.at("scale");
+        if (!sc.is_number()) throw Error(path, where + ".scale", "must be a finite number > 0, found " + sc.dump());
+        const double v = sc.get<double>();
+        if (!(std::isfinite(v) && v > 0 && v <= 3.4028234663852886e38))
+          throw Error(path, where + ".scale", "must be finite and > 0, found " + sc.dump());
+        h.scale = static_cast<float>(v);
+        if (!(h.scale > 0.f))
+          throw Error(path, where + ".scale", "underflows to 0 as a float: " + sc.dump());
       } else {
         h.bits = j.at("bits").get<int>();
         h.group_size = j.at("group_size").get<int>();

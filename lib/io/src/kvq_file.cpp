@@ -21,7 +21,7 @@ struct Format {
 // alloc_file.hpp).
 constexpr Format kFormats[] = {
     {KvqFileKind::kCalibration, kCalibFormat, "calibration", kCalibOldestVersion, kCalibVersion},
-    {KvqFileKind::kAllocation, kAllocFormat, "allocation", kAllocVersion, kAllocVersion},
+    {KvqFileKind::kAllocation, kAllocFormat, "allocation", kAllocOldestVersion, kAllocVersion},
 };
 
 const Format& format_of(KvqFileKind k) {

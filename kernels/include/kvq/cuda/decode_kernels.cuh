@@ -11,12 +11,21 @@
 
 #include "kvq/codec/codec.hpp"
 #include "kvq/cuda/device_codec.cuh"
+#include "kvq/format/decision_layout.hpp"
+#include "kvq/util/error.hpp"
 
 #ifndef KVQ_DYNAMIC_SMEM
 #define KVQ_DYNAMIC_SMEM(name) extern __shared__ float name[]
 #endif
 
 namespace kvq::cuda::detail {
+
+// Kinds the kernels do not decode yet: a one-line kvq::Error naming the head, never a wrong decode.
+inline void reject_unsupported_kind(const codec::HeadCodec& c) {
+  if (c.decision().kind == CodingKind::kMinifloat)
+    throw Error("", "cuda: " + decision_name(c.decision()),
+                "coding kind minifloat (FP8/NVFP4) is not supported on GPU yet (the CPU codec decodes it)");
+}
 
 // Device view of a HeadCodec's tables. upload(const std::vector<T>&) returns the device address
 // of a copy (the .cu uploads with cudaMemcpy; the emulation returns host pointers).
@@ -55,6 +64,9 @@ DevHead make_dev_head(const codec::HeadCodec& c, Upload&& upload) {
       v.step_unit = c.step_unit();
       break;
     case CodingKind::kKivi:
+      break;
+    case CodingKind::kMinifloat:
+      reject_unsupported_kind(c);
       break;
   }
   return v;

@@ -19,6 +19,11 @@
 //                   code = clamp(round((x - zero~) / scale~), 0, 2^b - 1); decode code*scale~+zero~.
 //                   K: statistics per channel over group_size consecutive tokens; V: per token over
 //                   group_size consecutive channels.
+//  kMinifloat       FP8 E4M3: code = E4M3(x / scale), decode code * scale (scale = the decision's
+//                   static per-head scale). NVFP4: per 16 channels an E4M3 block scale
+//                   s = E4M3(amax / (6 g)), codes E2M1(x / (s~ g)), decode e2m1 * s~ * g (g = the
+//                   decision's global scale). kvq/codec/minifloat.hpp does the rounding; the latent
+//                   is the decoded x.
 // Norms above the fp16 range are stored as 65504 (the largest fp16); non-finite inputs throw.
 // Encoding is bit-identical on every CPU (its projections use an FMA-free kernel); decoding may
 // differ in the last bits between CPUs (it uses FMA where available).
@@ -59,7 +64,7 @@ class HeadCodec {
   // Integer codes, [n_tokens][code_dim] in code-stream order (TQ: group by group).
   void unpack_codes(const uint8_t* packed, int n_tokens, uint8_t* codes) const;
   // Per-token values before the linear back-transform, [n_tokens][code_dim]: TQ rho~ * centroid
-  // (rotated coordinates), low-rank the dequantized z, KIVI the decoded x. The fused attention
+  // (rotated coordinates), low-rank the dequantized z, KIVI and minifloat the decoded x. The fused attention
   // kernel works in this domain (q is moved into it once per query instead of decoding each key).
   void decode_latent(const uint8_t* packed, int n_tokens, float* latent) const;
 
@@ -81,6 +86,7 @@ class HeadCodec {
   void encode_tq(const float* x, int n_tokens, uint8_t* out) const;
   void encode_lrh(const float* x, int n_tokens, uint8_t* out) const;
   void encode_kivi(const float* x, int n_tokens, uint8_t* out) const;
+  void encode_minifloat(const float* x, int n_tokens, uint8_t* out) const;
   void latent_to_output(const float* latent, int n_tokens, float* out) const;
 
   HeadDecision dec_;

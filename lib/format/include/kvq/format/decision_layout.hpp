@@ -19,7 +19,19 @@ inline std::string decision_name(const HeadDecision& dec) {
   return "L" + std::to_string(dec.layer) + " H" + std::to_string(dec.kv_head) + (dec.side == Side::kK ? " K" : " V");
 }
 
+// "fp8" / "nvfp4": the names kvq-allocate's --formats and the reports use.
+inline const char* to_string(MinifloatFormat f) {
+  switch (f) {
+    case MinifloatFormat::kFp8E4M3: return "fp8";
+    case MinifloatFormat::kNvfp4: return "nvfp4";
+  }
+  return "unknown";
+}
+
 namespace layout {
+
+constexpr uint32_t kNvfp4BlockValues = 16;  // = kvq::codec::kNvfp4Block
+
 namespace detail {
 
 [[noreturn]] inline void bad_decision(const HeadDecision& dec, const std::string& field, const std::string& what) {
@@ -33,11 +45,37 @@ inline void check_bits(const HeadDecision& dec, const std::string& field, int bi
 
 }  // namespace detail
 
+// kMinifloat (schemas/packed-layout.md, kind 3); one token per block, codes LSB-first.
+//  FP8 E4M3: no records, d 8-bit E4M3 codes; the static per-head scale lives in the decision.
+//  NVFP4:    ceil(d/16) one-byte E4M3 block scales as the records, then d 4-bit E2M1 codes; the
+//            fp32 global scale lives in the decision. group_size = 16 (channels per block scale).
+// Built here rather than in packed_layout.hpp because no kernel codes this kind yet.
+inline PackedLayout make_minifloat_layout(uint32_t side, uint32_t head_dim, MinifloatFormat fmt) {
+  PackedLayout L = empty_layout();
+  L.kind = kKindMinifloat;
+  L.side = side;
+  L.head_dim = head_dim;
+  L.code_dim = head_dim;
+  L.tokens_per_block = 1;
+  if (fmt == MinifloatFormat::kFp8E4M3) {
+    L.bits = 8;
+  } else {
+    L.bits = 4;
+    L.group_size = kNvfp4BlockValues;
+    L.n_records = (head_dim + kNvfp4BlockValues - 1) / kNvfp4BlockValues;
+    L.meta_bytes = L.n_records;  // one E4M3 byte per block scale
+  }
+  L.code_bits_per_token = head_dim * L.bits;
+  finish_block(L);
+  return L;
+}
+
 // The layout of the decision's bytes, checking everything they depend on but not the low-rank
 // basis and mean (which fix what the codes mean, not how many there are). Throws kvq::Error naming
 // the decision (layer, KV head, side) and the field: TQ groups that are not a partition of [0, d),
 // widths outside 1..8, more than 32 groups, rank outside [1, d], KIVI group_size outside
-// 1..65536, d outside [1, 4096].
+// 1..65536, d outside [1, 4096], a minifloat format that is not FP8/NVFP4 or
+// a minifloat scale that is not finite and > 0.
 inline PackedLayout layout_ignoring_payload(const HeadDecision& dec, int head_dim) {
   using detail::bad_decision;
   using detail::check_bits;
@@ -91,6 +129,13 @@ inline PackedLayout layout_ignoring_payload(const HeadDecision& dec, int head_di
       if (dec.group_size < 1 || dec.group_size > 65536)
         bad_decision(dec, "group_size", "must be in 1..65536, got " + std::to_string(dec.group_size));
       return make_kivi_layout(side, d, static_cast<uint32_t>(dec.bits), static_cast<uint32_t>(dec.group_size));
+    case CodingKind::kMinifloat:
+      if (dec.minifloat != MinifloatFormat::kFp8E4M3 && dec.minifloat != MinifloatFormat::kNvfp4)
+        bad_decision(dec, "minifloat", "unknown format " + std::to_string(static_cast<uint32_t>(dec.minifloat)));
+      if (!(std::isfinite(dec.scale) && dec.scale > 0.f))
+        bad_decision(dec, "scale", std::string("must be finite and > 0 for ") + to_string(dec.minifloat) + ", got " +
+                                       std::to_string(dec.scale));
+      return make_minifloat_layout(side, d, dec.minifloat);
   }
   bad_decision(dec, "kind", "unknown coding kind " + std::to_string(static_cast<uint32_t>(dec.kind)));
 }

@@ -14,7 +14,14 @@
 namespace kvq {
 
 inline constexpr const char* kAllocFormat = "kvq-allocation";
-inline constexpr int64_t kAllocVersion = 1;  // written to disk; bump on any layout change
+// Written to disk; bump on any layout change (schemas/allocation-file.md, "Versions").
+//  1: kinds tq-groups, lowrank-hadamard, kivi.
+//  2: adds kind "minifloat" (FP8 / NVFP4 with a static scale). A file is written at the oldest
+//     version that holds its decisions (1 unless it has a minifloat head), so kvq builds that read
+//     only version 1 still read every file they can understand and refuse the others by version.
+inline constexpr int64_t kAllocVersion = 2;
+inline constexpr int64_t kAllocOldestVersion = 1;
+inline constexpr int64_t kAllocMinifloatVersion = 2;
 
 struct AllocFile {
   std::string method;            // K method name, e.g. "block-gtq"
@@ -39,6 +46,7 @@ struct AllocFile {
 };
 
 nlohmann::json alloc_manifest(const AllocFile& a);  // what the JSON schema validates
+int64_t alloc_version_for(const AllocFile& a);      // the version write_alloc writes (see above)
 void write_alloc(const std::string& path, const AllocFile& a);  // atomic
 AllocFile read_alloc(const std::string& path);
 
