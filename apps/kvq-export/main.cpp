@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   app.require_subcommand(1);
+  app.fallthrough();  // -v/-q/--threads also after the subcommand
 
   auto* vllm = app.add_subcommand("vllm", "FP8 KV-cache scales for vLLM / SGLang from a calibration file");
   std::string calib, vllm_out, strategy = "tensor";
