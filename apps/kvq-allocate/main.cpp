@@ -8,7 +8,9 @@ int main(int argc, char** argv) {
       "  kvq-allocate --calib cal.kvqcal.h5 --method block-gtq --bpd 3 --out a.kvqalloc.h5\n"
       "Methods (K): uniform (TQ-MSE at --bpd), block-gtq (bits per RoPE block by energy), cobra-mse /\n"
       "cobra-kl (rank x bits per head, C1 + damped C2), cobra-dp (C1 curves + exact C2), cobra-measured\n"
-      "(D(r,b) measured on the reservoir with the real codec + exact C2). V: --v-method, --v-bpd."};
+      "(D(r,b) measured on the reservoir with the real codec + exact C2). V: --v-method, --v-bpd.\n"
+      "layer-precision (give it as --method and --v-method): FP8 or NVFP4 per layer for K and V, the least\n"
+      "reservoir MSE with mean effective bits per dim <= --bpd (--formats fp8,nvfp4)."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   kvq::AllocateOptions o;
@@ -44,6 +46,11 @@ int main(int argc, char** argv) {
   c->add_option("--measure-tokens", o.measure_tokens, "reservoir rows cobra-measured codes per candidate")
       ->default_val(o.measure_tokens)->check(CLI::Range(1, 1 << 24));
   c->add_flag("--joint-kv", o.joint_kv, "split one budget (--bpd per dim of K and V) between K and V exactly");
+  auto* lp = app.add_option_group("layer-precision");
+  lp->add_option("--formats", o.formats,
+                 "formats a layer may take, comma-separated: fp8 (E4M3, 8 bits/dim), nvfp4 (E2M1 + E4M3 block scale, "
+                 "4.5 bits/dim)")
+      ->default_val(o.formats);
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {

@@ -6,11 +6,14 @@
 
 #include "kvq/alloc/block_gtq.hpp"
 #include "kvq/alloc/cobra.hpp"
+#include "kvq/alloc/layer_precision.hpp"
 #include "kvq/alloc/uniform.hpp"
+#include "kvq/codec/attention.hpp"
 #include "kvq/codec/codebook.hpp"
 #include "kvq/codec/codec.hpp"
 #include "kvq/stats/derived.hpp"
 #include "kvq/util/atomic_file.hpp"
+#include "kvq/format/decision_layout.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
 
@@ -132,6 +135,74 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
   return tables;
 }
 
+// layer-precision: per (layer, head, format) the MSE of coding the reservoir's rows (K post-RoPE,
+// as the serving cache stores it) with the head's static scale from its amax.
+alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOptions& o) {
+  const auto sh = c.shape();
+  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
+  if (!c.moments.has_amax())
+    throw Error(o.calib, "/stats/amax_k",
+                "missing: layer-precision needs the activation maxima (calibration format version 3); recapture "
+                "with this calib-capture");
+  const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
+  if (n < 1)
+    throw Error(o.calib, "/reservoir", "empty: layer-precision needs reservoir rows (calib-capture --reservoir-tokens)");
+  alloc::LayerPrecisionInput in;
+  in.shape = {L, H, d};
+  in.formats = minifloat_formats_from_flag("--formats", o.formats);
+  in.margin = 1.0;
+  in.k_amax = c.moments.k_amax;
+  in.v_amax = c.moments.v_amax;
+  const size_t F = in.formats.size();
+  in.k_mse.assign(size_t(L * H) * F, 0.0);
+  in.v_mse.assign(size_t(L * H) * F, 0.0);
+  codec::RopeSpec rope;
+  rope.enabled = true;
+  rope.theta = c.prov.rope_theta;
+  rope.rotary_dim = c.prov.rotary_dim;
+  rope.pairing = c.prov.pairing;
+  rope.inv_freq = c.prov.rope_inv_freq;
+  rope.attention_factor = c.prov.rope_attention_factor;
+  std::vector<float> x(size_t(n) * size_t(d)), y(x.size());
+  for (Side side : {Side::kK, Side::kV}) {
+    const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
+    const auto& amax = side == Side::kK ? in.k_amax : in.v_amax;
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        for (int64_t t = 0; t < n; ++t) {
+          float* row = x.data() + size_t(t) * size_t(d);
+          std::copy_n(src.data() + ((size_t(t) * size_t(L) + size_t(l)) * size_t(H) + size_t(h)) * size_t(d), d, row);
+          if (side == Side::kK) codec::reference_apply_rope(row, d, c.reservoir.source[size_t(2 * t + 1)], rope);
+        }
+        for (size_t f = 0; f < F; ++f) {
+          HeadDecision dec;
+          dec.layer = l;
+          dec.kv_head = h;
+          dec.side = side;
+          dec.kind = CodingKind::kMinifloat;
+          dec.post_rope = side == Side::kK;
+          dec.minifloat = in.formats[f];
+          dec.scale = alloc::minifloat_scale(dec.minifloat, amax[size_t(l * H + h)], in.margin,
+                                             o.calib + ": /stats/amax_" + (side == Side::kK ? "k" : "v") + "[" +
+                                                 std::to_string(l) + "][" + std::to_string(h) + "]");
+          codec::HeadCodec(dec, d).round_trip(x.data(), int(n), y.data());
+          double se = 0;
+          for (size_t i = 0; i < x.size(); ++i) se += double(x[i] - y[i]) * double(x[i] - y[i]);
+          (side == Side::kK ? in.k_mse : in.v_mse)[size_t(l * H + h) * F + f] = se / double(n);
+        }
+      }
+  }
+  try {
+    return alloc::allocate_layer_precision(in, o.bpd);
+  } catch (const Error& e) {
+    // The solver names its own parameter; the user typed --bpd.
+    const std::string what = e.what();
+    const std::string prefix = "bits_per_dim: ";
+    if (what.rfind(prefix, 0) == 0) throw Error("", "--bpd", what.substr(prefix.size()));
+    throw;
+  }
+}
+
 alloc::Allocation allocate_side(const CalibFile& c, Side side, Method method, double bpd, const AllocateOptions& o) {
   const auto sh = c.shape();
   alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
@@ -206,6 +277,7 @@ bool allocates(Method m, Side side) {
     case Method::kBlockGtq:
     case Method::kCobraKl: return side == Side::kK;
     case Method::kKivi: return false;  // a baseline of kvq-verify, not an allocation
+    case Method::kLayerPrecision: return true;  // K and V together (--v-method must match)
   }
   return false;
 }
@@ -223,18 +295,46 @@ Method allocation_method_from_flag(const std::string& flag, const std::string& n
   return m;
 }
 
+std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag, const std::string& list) {
+  std::vector<MinifloatFormat> out;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    const size_t comma = std::min(list.find(',', pos), list.size());
+    const std::string name = list.substr(pos, comma - pos);
+    MinifloatFormat f;
+    if (name == to_string(MinifloatFormat::kFp8E4M3)) f = MinifloatFormat::kFp8E4M3;
+    else if (name == to_string(MinifloatFormat::kNvfp4)) f = MinifloatFormat::kNvfp4;
+    else throw Error("", flag, "unknown format '" + name + "' in '" + list + "' (valid: fp8, nvfp4)");
+    if (std::find(out.begin(), out.end(), f) != out.end())
+      throw Error("", flag, "format '" + name + "' given twice in '" + list + "'");
+    out.push_back(f);
+    pos = comma + 1;
+  }
+  return out;
+}
+
 AllocFile run_allocate(const AllocateOptions& o) {
   if (o.out.empty()) throw Error("", "--out", "an output path is required");
   check_method("--method", o.method, Side::kK);
   check_method("--v-method", o.v_method, Side::kV);
   if (!(o.bpd > 0) || !std::isfinite(o.bpd)) throw Error("", "--bpd", "must be > 0, got " + std::to_string(o.bpd));
-  if (o.bpd > o.b_max) throw Error("", "--bpd", std::to_string(o.bpd) + " is above b_max " + std::to_string(o.b_max));
+  const bool layer_precision = o.method == Method::kLayerPrecision;
+  if (layer_precision != (o.v_method == Method::kLayerPrecision))
+    throw Error("", layer_precision ? "--v-method" : "--method",
+                "layer-precision chooses one format per layer for K and V together: give it as both --method and "
+                "--v-method");
+  if (layer_precision && o.joint_kv) throw Error("", "--joint-kv", "not with layer-precision (it is joint already)");
+  if (layer_precision && o.v_bpd > 0 && o.v_bpd != o.bpd)
+    throw Error("", "--v-bpd", "layer-precision has one budget over K and V (--bpd)");
+  if (layer_precision) minifloat_formats_from_flag("--formats", o.formats);  // before reading the file
+  if (!layer_precision && o.bpd > o.b_max) throw Error("", "--bpd", std::to_string(o.bpd) + " is above b_max " + std::to_string(o.b_max));
   if (o.joint_kv && o.method != Method::kCobraMse && o.method != Method::kCobraDp)
     throw Error("", "--joint-kv", "needs --method cobra-mse or cobra-dp (the exact solver splits the budget)");
   double v_bpd = o.v_bpd > 0 ? o.v_bpd : (o.v_method == Method::kUniform ? std::ceil(o.bpd) : o.bpd);
-  if (v_bpd > o.b_max) throw Error("", "--v-bpd", std::to_string(v_bpd) + " is above b_max " + std::to_string(o.b_max));
+  if (!layer_precision && v_bpd > o.b_max) throw Error("", "--v-bpd", std::to_string(v_bpd) + " is above b_max " + std::to_string(o.b_max));
 
-  const bool needs_samples = o.method == Method::kCobraMeasured || o.v_method == Method::kCobraMeasured;
+  const bool needs_samples =
+      o.method == Method::kCobraMeasured || o.v_method == Method::kCobraMeasured || layer_precision;
   CalibFile c = read_calib(o.calib, needs_samples);
   if (!c.complete())
     throw Error(o.calib, "/windows@windows_done",
@@ -271,6 +371,7 @@ AllocFile run_allocate(const AllocateOptions& o) {
               {"r_min", o.r_min},
               {"measure_tokens", o.measure_tokens},
               {"joint_kv", o.joint_kv}};
+  if (layer_precision) a.params["formats"] = o.formats;
 
   if (o.joint_kv) {
     alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
@@ -288,6 +389,10 @@ AllocFile run_allocate(const AllocateOptions& o) {
       a.k_distortion_before.assign(before.begin(), mid);
       a.v_distortion_before.assign(mid, before.end());
     }
+  } else if (layer_precision) {
+    auto alloc = allocate_layer_precision(c, o);
+    a.heads = alloc.heads;
+    a.summary = {{"joint", summary_json(alloc.summary)}};
   } else {
     auto k = allocate_side(c, Side::kK, o.method, o.bpd, o);
     auto v = allocate_side(c, Side::kV, o.v_method, v_bpd, o);

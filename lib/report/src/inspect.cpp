@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 
+#include "kvq/format/decision_layout.hpp"
 #include "kvq/report/plots.hpp"
 #include "kvq/report/summary.hpp"
 #include "kvq/util/atomic_file.hpp"
@@ -50,6 +51,7 @@ std::string kind_str(CodingKind k) {
     case CodingKind::kTqGroups: return "tq-groups";
     case CodingKind::kLowRankHadamard: return "lowrank-hadamard";
     case CodingKind::kKivi: return "kivi";
+    case CodingKind::kMinifloat: return "minifloat";
   }
   return "?";
 }
@@ -253,6 +255,7 @@ std::vector<Table> alloc_tables(const AllocFile& a, const CalibFile* c) {
   for (const auto& h : a.heads) {
     const bool lr = h.kind == CodingKind::kLowRankHadamard;
     std::string bits = lr || h.kind == CodingKind::kKivi ? std::to_string(h.bits) : "-";
+    if (h.kind == CodingKind::kMinifloat) bits = to_string(h.minifloat);  // fp8 / nvfp4
     if (h.kind == CodingKind::kTqGroups && !h.groups.empty()) {
       int lo = 99, hi = 0;
       for (const auto& g : h.groups) lo = std::min(lo, g.bits), hi = std::max(hi, g.bits);

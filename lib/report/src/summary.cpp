@@ -33,6 +33,9 @@ std::vector<int> dim_widths(const HeadDecision& h, int d) {
     case CodingKind::kKivi:
       std::fill(w.begin(), w.end(), h.bits);
       break;
+    case CodingKind::kMinifloat:  // code bits only: NVFP4's block scales are records, like KIVI's
+      std::fill(w.begin(), w.end(), h.minifloat == MinifloatFormat::kFp8E4M3 ? 8 : 4);
+      break;
   }
   return w;
 }

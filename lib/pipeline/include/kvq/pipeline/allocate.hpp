@@ -2,6 +2,7 @@
 // kvq-allocate's work: calibration file -> allocation file.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kvq/format/decision.hpp"
 #include "kvq/io/alloc_file.hpp"
@@ -9,12 +10,16 @@
 namespace kvq {
 
 // Whether kvq-allocate allocates `side` with `m`: every method but the kivi baseline for K;
-// not block-gtq or cobra-kl for V (they need RoPE blocks / queries).
+// not block-gtq or cobra-kl for V (they need RoPE blocks / queries). layer-precision allocates
+// both sides at once (run_allocate requires it for both).
 bool allocates(Method m, Side side);
 // The names allocates() accepts for a side, ", "-separated, in enum order (for help and errors).
 std::string allocation_method_names(Side side);
 // A --method / --v-method value: kvq::Error naming `flag` unless allocates(method, side).
 Method allocation_method_from_flag(const std::string& flag, const std::string& name, Side side);
+
+// A --formats value ("fp8,nvfp4", any order, no repeats): kvq::Error naming `flag` otherwise.
+std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag, const std::string& list);
 
 struct AllocateOptions {
   std::string calib;
@@ -39,6 +44,8 @@ struct AllocateOptions {
   int r_min = 2;
   int measure_tokens = 1024;             // reservoir rows used by cobra-measured
   bool joint_kv = false;                 // one budget over K and V (COBRA exact)
+  // layer-precision (--method and --v-method both): the formats a layer may take, "fp8,nvfp4"
+  std::string formats = "fp8,nvfp4";
 };
 
 // Reads the calibration file, allocates, writes opts.out atomically; returns what was written.
