@@ -95,6 +95,12 @@ TEST(CaptureCli, MergeEqualsOneRunOverTheUnion) {
   EXPECT_LT(max_rel(y.moments.k.gram, x.moments.k.gram), 1e-6);
   EXPECT_LT(max_rel(y.moments.q.gram, x.moments.q.gram), 1e-6);
   EXPECT_LT(max_rel(y.moments.v.sum, x.moments.v.sum), 1e-6);
+  // Activation maxima merge by max: the union's, to the same fp32 rounding of the activations.
+  ASSERT_TRUE(y.moments.has_amax());
+  EXPECT_LT(max_rel(std::vector<double>(y.moments.k_amax.begin(), y.moments.k_amax.end()),
+                    std::vector<double>(x.moments.k_amax.begin(), x.moments.k_amax.end())), 1e-6);
+  EXPECT_LT(max_rel(std::vector<double>(y.moments.q_amax.begin(), y.moments.q_amax.end()),
+                    std::vector<double>(x.moments.q_amax.begin(), x.moments.q_amax.end())), 1e-6);
   // Overlapping windows are refused, naming the field.
   r = test::run_cmd(test::bin("calib-capture") + " -q merge " + a + " " + all + " --out " + m + "x");
   EXPECT_NE(r.status, 0);

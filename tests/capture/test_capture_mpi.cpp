@@ -137,6 +137,11 @@ class CaptureMpi : public ::testing::Test {
       worst = std::max({worst, max_rel(x->sum, y->sum, d), max_rel(x->gram, y->gram, d * d)});
     }
     EXPECT_LE(worst, kRelTol) << "N=" << n;
+    // Each rank forwards the same batches as the single process: the maxima are the same floats.
+    ASSERT_TRUE(a.moments.has_amax());
+    EXPECT_EQ(a.moments.k_amax, b.moments.k_amax);
+    EXPECT_EQ(a.moments.v_amax, b.moments.v_amax);
+    EXPECT_EQ(a.moments.q_amax, b.moments.q_amax);
     std::printf("N=%d: largest relative difference of the fp64 sums to the single process: %.3g\n", n, worst);
     // The reservoir follows the single-process draw, and rank 0 captures the held-out windows as
     // a single process does: both are bit-identical.

@@ -125,14 +125,69 @@ std::vector<double> direct_energies(const Raw& raw, const MomentShape& sh, int l
   return e;
 }
 
+// max |x| per head of layer l, after rotating each block by pos * base^(-2i/d) when asked (the
+// models here use unscaled RoPE over the whole head).
+std::vector<double> direct_amax(const Raw& raw, const std::vector<std::vector<float>>& x, int heads, int d, int l,
+                                bool interleaved, double base, bool post_rope) {
+  std::vector<double> m(size_t(heads), 0.0);
+  const auto& X = x[size_t(l)];
+  const size_t N = X.size() / size_t(heads * d);
+  for (size_t t = 0; t < N; ++t)
+    for (int h = 0; h < heads; ++h) {
+      const float* r = X.data() + (t * size_t(heads) + size_t(h)) * size_t(d);
+      for (int i = 0; i < d / 2; ++i) {
+        auto [a, b] = pair_of(interleaved, d, i);
+        long double p = r[a], q = r[b];
+        if (post_rope) {
+          const long double th = (long double)raw.pos[t] * std::pow((long double)base, -2.0L * i / d);
+          const long double pr = p * std::cos(th) - q * std::sin(th), qr = p * std::sin(th) + q * std::cos(th);
+          p = pr;
+          q = qr;
+        }
+        m[size_t(h)] = std::max({m[size_t(h)], double(std::fabs(p)), double(std::fabs(q))});
+      }
+    }
+  return m;
+}
+
 void run_model(const std::string& path, bool interleaved) {
   Model model = Model::load(path);
   const auto& cfg = model.config();
   ASSERT_EQ(cfg.pairing == RopePairing::kInterleaved, interleaved) << "model's declared pairing";
   MomentShape sh{cfg.n_layers, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim};
   Moments m(sh);
+  {
+    const RopeParams rp = rope_params(cfg, 48);
+    m.set_amax_rope(cfg.pairing, cfg.rotary_dim, rp.inv_freq, rp.attention_factor);
+  }
   Raw raw;
   capture(model, 2, 2, 48, m, raw);
+  // Activation maxima: post-RoPE K and Q, V as is, per head, against the brute-force maxima.
+  ASSERT_TRUE(m.has_amax());
+  double k_moved = 0;
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const int d = cfg.head_dim;
+    auto k = direct_amax(raw, raw.k, cfg.n_kv_heads, d, l, interleaved, cfg.rope_theta, true);
+    auto k_pre = direct_amax(raw, raw.k, cfg.n_kv_heads, d, l, interleaved, cfg.rope_theta, false);
+    auto v = direct_amax(raw, raw.v, cfg.n_kv_heads, d, l, interleaved, cfg.rope_theta, false);
+    auto q = direct_amax(raw, raw.q, cfg.n_heads, d, l, interleaved, cfg.rope_theta, true);
+    for (int h = 0; h < cfg.n_kv_heads; ++h) {
+      const size_t i = size_t(l) * cfg.n_kv_heads + h;
+      EXPECT_NEAR(m.k_amax[i], k[size_t(h)], 1e-6 * k[size_t(h)]) << "k amax l" << l << " h" << h;
+      EXPECT_EQ(m.v_amax[i], float(v[size_t(h)])) << "v amax l" << l << " h" << h;
+      k_moved = std::max(k_moved, std::fabs(k[size_t(h)] - k_pre[size_t(h)]) / k_pre[size_t(h)]);
+    }
+    for (int h = 0; h < cfg.n_heads; ++h)
+      EXPECT_NEAR(m.q_amax[size_t(l) * cfg.n_heads + h], q[size_t(h)], 1e-6 * q[size_t(h)]) << "q amax l" << l << " h" << h;
+  }
+  EXPECT_GT(k_moved, 1e-3) << "post-RoPE K maxima equal the pre-RoPE ones: RoPE not applied?";
+  // Merging takes the larger maximum; statistics without maxima make the merge lack them.
+  Moments twice = m;
+  twice.add(m);
+  EXPECT_EQ(twice.k_amax, m.k_amax);
+  Moments none(sh);
+  none.add(m);
+  EXPECT_FALSE(none.has_amax());
   check_side(m.k, sh, raw.k, cfg.n_kv_heads, false, "k");
   check_side(m.v, sh, raw.v, cfg.n_kv_heads, false, "v");
   check_side(m.q, sh, raw.q, cfg.n_heads, true, "q");

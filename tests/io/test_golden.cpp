@@ -24,7 +24,7 @@ TEST(Golden, FilesAreUnchanged) {
     EXPECT_EQ(sha256_file(golden(name)), sha) << name << " was modified: golden files are never rewritten";
     ++n;
   }
-  EXPECT_EQ(n, 4);
+  EXPECT_EQ(n, 5);
 }
 
 TEST(Golden, CalibrationV1) {
@@ -69,6 +69,54 @@ TEST(Golden, CalibrationV2RecordsTheRope) {
   EXPECT_EQ(c.moments.k.gram, v1.moments.k.gram);
   EXPECT_EQ(c.moments.q.sum, v1.moments.q.sum);
   EXPECT_EQ(c.holdout.ids, v1.holdout.ids);
+}
+
+TEST(Golden, CalibrationV3RecordsActivationMaxima) {
+  CalibFile c = read_calib(golden("calib-v3.kvqcal.h5"));
+  EXPECT_EQ(c.format_version, 3);
+  CalibFile v2 = read_calib(golden("calib-v2.kvqcal.h5"));
+  EXPECT_FALSE(v2.moments.has_amax()) << "version 2 predates the maxima";
+  // The same run as calib-v2, made on another machine: the fp32 forward's GEMM rounding differs
+  // between CPUs (seen: 1e-6 relative), the sums did not change otherwise.
+  auto near = [](const std::vector<double>& a, const std::vector<double>& b) {
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < a.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i])), scale = std::max(scale, std::fabs(b[i]));
+    return a.size() == b.size() && worst <= 1e-5 * scale;
+  };
+  EXPECT_TRUE(near(c.moments.k.gram, v2.moments.k.gram));
+  EXPECT_TRUE(near(c.moments.q.sum, v2.moments.q.sum));
+  EXPECT_EQ(c.moments.k.count, v2.moments.k.count);
+  ASSERT_TRUE(c.moments.has_amax());
+  ASSERT_EQ(c.moments.k_amax.size(), 4u * 2);
+  ASSERT_EQ(c.moments.v_amax.size(), 4u * 2);
+  ASSERT_EQ(c.moments.q_amax.size(), 4u * 4);
+  // Every reservoir row is a calibration token: its post-RoPE |k| (split-half pairs, theta 10000,
+  // d 64, rotated here from the stored pre-RoPE row), |v| and |q| lie under the maxima, and the
+  // maxima are the largest values of 128 tokens, not of the 8 kept.
+  const int d = 64, L = 4, H = 2, NH = 4;
+  for (int64_t r = 0; r < c.reservoir.size(); ++r) {
+    const double pos = double(c.reservoir.source[size_t(2 * r + 1)]);
+    auto post_rope_max = [&](const float* x) {
+      double m = 0;
+      for (int i = 0; i < d / 2; ++i) {
+        const double th = pos * std::pow(10000.0, -2.0 * i / d), a = x[i], b = x[i + d / 2];
+        m = std::max({m, std::fabs(a * std::cos(th) - b * std::sin(th)), std::fabs(a * std::sin(th) + b * std::cos(th))});
+      }
+      return m;
+    };
+    for (int l = 0; l < L; ++l) {
+      for (int h = 0; h < H; ++h) {
+        const size_t row = ((size_t(r) * L + size_t(l)) * H + size_t(h)) * d, i = size_t(l) * H + size_t(h);
+        EXPECT_LE(post_rope_max(c.reservoir.k.data() + row), c.moments.k_amax[i] * (1 + 1e-6)) << "l" << l << " h" << h;
+        for (int j = 0; j < d; ++j) EXPECT_LE(std::fabs(c.reservoir.v[row + size_t(j)]), c.moments.v_amax[i]);
+      }
+      for (int h = 0; h < NH; ++h) {
+        const size_t row = ((size_t(r) * L + size_t(l)) * NH + size_t(h)) * d;
+        EXPECT_LE(post_rope_max(c.reservoir.q.data() + row), c.moments.q_amax[size_t(l) * NH + size_t(h)] * (1 + 1e-6));
+      }
+    }
+  }
+  for (float a : c.moments.k_amax) EXPECT_GT(a, 0.f);
 }
 
 TEST(Golden, AllocationsV1) {

@@ -286,6 +286,7 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
       spdlog::warn("{} exists and will be replaced (use --resume to continue it)", o.out);
     c.prov = prov;
     c.moments = Moments(shape);
+    track_amax_with(c.moments, c.prov);
     c.calib_offsets = offsets;
     c.holdout_offsets = in->plan.holdout;
     c.reservoir.capacity = o.reservoir_tokens;

@@ -134,6 +134,7 @@ void send_moments(const Ranks& ranks, const Moments& m) {
     ranks.send(0, s->sum.data(), s->sum.size() * sizeof(double));
     ranks.send(0, s->gram.data(), s->gram.size() * sizeof(double));
   }
+  for (const std::vector<float>* a : {&m.k_amax, &m.v_amax, &m.q_amax}) ranks.send(0, a->data(), a->size() * sizeof(float));
 }
 
 void recv_moments(const Ranks& ranks, int from, Moments& m) {
@@ -142,6 +143,7 @@ void recv_moments(const Ranks& ranks, int from, Moments& m) {
     ranks.recv(from, s->sum.data(), s->sum.size() * sizeof(double));
     ranks.recv(from, s->gram.data(), s->gram.size() * sizeof(double));
   }
+  for (std::vector<float>* a : {&m.k_amax, &m.v_amax, &m.q_amax}) ranks.recv(from, a->data(), a->size() * sizeof(float));
 }
 
 // Slots of `plan` whose kept token lies in windows [begin, end), ascending.
@@ -198,6 +200,7 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
       const size_t nq = size_t(in->shape.n_heads) * d, nkv = size_t(in->shape.n_kv_heads) * d;
       c.prov = prov;
       c.moments = Moments(in->shape);
+      track_amax_with(c.moments, c.prov);
       c.calib_offsets = offsets;
       c.reservoir.capacity = o.reservoir_tokens;
       c.reservoir.rng_state = rplan.rng_start;
@@ -268,6 +271,7 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
       };
       place(owned, c.reservoir);
       Moments m(sh);
+      track_amax_with(m, f.prov);  // sized like the ranks' maxima, filled by recv_moments
       for (int r = 0; r < N; ++r) {
         const auto [begin, end] = shard_of(n_all, o.batch_size, N, r);
         f.window_rank.insert(f.window_rank.end(), size_t(end - begin), r);

@@ -218,6 +218,11 @@ void write_calib(const std::string& path, const CalibFile& c) {
       write_side(st, "k", c.moments.k, sh);
       write_side(st, "v", c.moments.v, sh);
       write_side(st, "q", c.moments.q, sh);
+      if (c.moments.has_amax()) {
+        h5::write(st, "amax_k", {hsize_t(sh.n_layers), hsize_t(sh.n_kv_heads)}, c.moments.k_amax.data());
+        h5::write(st, "amax_v", {hsize_t(sh.n_layers), hsize_t(sh.n_kv_heads)}, c.moments.v_amax.data());
+        h5::write(st, "amax_q", {hsize_t(sh.n_layers), hsize_t(sh.n_heads)}, c.moments.q_amax.data());
+      }
 
       auto w = h5::make_group(root, "windows");
       h5::write_attr(w, "windows_done", c.windows_done);
@@ -303,6 +308,20 @@ CalibFile read_calib(const std::string& path, bool samples) {
   c.moments.k = read_side(path, st, "k", sh);
   c.moments.v = read_side(path, st, "v", sh);
   c.moments.q = read_side(path, st, "q", sh);
+  if (c.format_version >= 3 && h5::has_link(st, "amax_k")) {
+    auto read_amax = [&](const char* name, hsize_t heads) {
+      std::vector<float> a = h5::read_f32(path, st, name, {hsize_t(sh.n_layers), heads});
+      for (size_t i = 0; i < a.size(); ++i)
+        if (!(a[i] >= 0.f) || !std::isfinite(a[i]))
+          throw Error(path, std::string("/stats/") + name,
+                      "not a finite maximum >= 0: " + std::to_string(a[i]) + " at element " + std::to_string(i));
+      return a;
+    };
+    c.moments.k_amax = read_amax("amax_k", hsize_t(sh.n_kv_heads));
+    c.moments.v_amax = read_amax("amax_v", hsize_t(sh.n_kv_heads));
+    c.moments.q_amax = read_amax("amax_q", hsize_t(sh.n_heads));
+    track_amax_with(c.moments, c.prov);  // a resumed capture keeps taking maxima
+  }
 
   auto w = h5::open_group(path, root, "windows");
   c.windows_done = h5::read_attr_i64(path, w, "windows_done");
@@ -362,6 +381,8 @@ std::string calib_content_digest(const CalibFile& c) {
     s.update(m->sum.data(), m->sum.size() * sizeof(double));
     s.update(m->gram.data(), m->gram.size() * sizeof(double));
   }
+  for (const std::vector<float>* a : {&c.moments.k_amax, &c.moments.v_amax, &c.moments.q_amax})
+    s.update(a->data(), a->size() * sizeof(float));  // nothing for files without maxima: digests unchanged
   s.update(c.calib_offsets.data(), c.calib_offsets.size() * sizeof(int64_t));
   s.update(&c.windows_done, sizeof(c.windows_done));
   return s.hex_digest();

@@ -70,6 +70,16 @@ void write_attr(H5::H5Object& o, const std::string& name, double v) {
   a.write(H5::PredType::NATIVE_DOUBLE, &v);
 }
 
+bool has_link(const H5::Group& g, const std::string& name) {
+  try {
+    return g.nameExists(name);
+  } catch (const H5::Exception&) {
+    std::string file;
+    try { file = g.getFileName(); } catch (const H5::Exception&) {}
+    throw Error(file, path_of(g) + "/" + name, "unreadable link (truncated or corrupt file)");
+  }
+}
+
 bool has_attr(const H5::H5Object& o, const std::string& name) {
   try {
     return o.attrExists(name);

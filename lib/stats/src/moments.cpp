@@ -2,6 +2,11 @@
 
 #include <Eigen/Dense>
 
+#include <algorithm>
+#include <cmath>
+
+#include "kvq/format/rope.hpp"
+
 #include "kvq/util/error.hpp"
 
 namespace kvq {
@@ -50,6 +55,33 @@ void SideMoments::add(const SideMoments& o) {
   for (size_t i = 0; i < gram.size(); ++i) gram[i] += o.gram[i];
 }
 
+// max |x| over `n_tokens` rows of `heads` head vectors (row stride `heads * d`) into amax[0..heads),
+// RoPE-rotated first when cs (cos, sin per token and frequency, attention factor folded in) is given.
+void track_amax(const float* x, int64_t n_tokens, int seq, int heads, int d, const std::vector<double>* cs,
+                RopePairing pairing, int rotary_dim, float* amax) {
+  const int nr = rotary_dim / 2;
+  const RopeStride st = rope_stride(pairing, rotary_dim);
+  for (int64_t r = 0; r < n_tokens; ++r) {
+    const double* c = cs ? cs->data() + size_t(r % seq) * 2 * nr : nullptr;
+    for (int h = 0; h < heads; ++h) {
+      const float* row = x + (size_t(r) * heads + h) * d;
+      double m = amax[h];
+      if (c) {
+        for (int i = 0; i < nr; ++i) {
+          const int a = st.stride * i, b = a + st.partner;
+          double ya, yb;
+          rope_rotate_pair<double>(row[a], row[b], c[2 * i], c[2 * i + 1], &ya, &yb);
+          m = std::max({m, std::fabs(ya), std::fabs(yb)});
+        }
+        for (int i = rotary_dim; i < d; ++i) m = std::max(m, std::fabs(double(row[i])));
+      } else {
+        for (int i = 0; i < d; ++i) m = std::max(m, std::fabs(double(row[i])));
+      }
+      amax[h] = float(m);
+    }
+  }
+}
+
 Moments::Moments(const MomentShape& s) : shape_(s) {
   if (s.n_kv_heads <= 0 || s.n_heads % s.n_kv_heads != 0)
     throw Error("", "n_kv_heads", "query heads " + std::to_string(s.n_heads) + " not a multiple of KV heads " +
@@ -57,6 +89,23 @@ Moments::Moments(const MomentShape& s) : shape_(s) {
   k.resize(s);
   v.resize(s);
   q.resize(s);
+}
+
+void Moments::set_amax_rope(RopePairing pairing, int rotary_dim, std::vector<double> inv_freq,
+                            double attention_factor) {
+  if (rotary_dim < 0 || rotary_dim > shape_.head_dim || rotary_dim % 2 != 0 ||
+      inv_freq.size() != size_t(rotary_dim / 2))
+    throw Error("", "rope_inv_freq", std::to_string(inv_freq.size()) + " frequencies for rotary dim " +
+                                         std::to_string(rotary_dim));
+  amax_pairing_ = pairing;
+  amax_rotary_dim_ = rotary_dim;
+  amax_inv_freq_ = std::move(inv_freq);
+  amax_factor_ = attention_factor;
+  if (!has_amax()) {
+    k_amax.assign(shape_.heads(), 0.f);
+    v_amax.assign(shape_.heads(), 0.f);
+    q_amax.assign(size_t(shape_.n_layers) * shape_.n_heads, 0.f);
+  }
 }
 
 void Moments::accumulate(const LayerCapture& c) {
@@ -76,6 +125,21 @@ void Moments::accumulate(const LayerCapture& c) {
     accumulate_rows(c.q + size_t(h) * gs * d, n_tokens, int64_t(c.n_heads) * d, gs, d, &q.count[hi], &q.sum[vo],
                     &q.gram[go], stage);
   }
+  if (!has_amax()) return;
+  // Post-RoPE in double from the captured fp32 pre-RoPE rows: angle = position * inv_freq,
+  // (cos, sin) * attention factor, the forward's rotation expression.
+  const int nr = amax_rotary_dim_ / 2;
+  std::vector<double> cs(size_t(c.seq) * 2 * nr);
+  for (int t = 0; t < c.seq; ++t)
+    for (int i = 0; i < nr; ++i) {
+      const double ang = double(c.positions[t]) * amax_inv_freq_[size_t(i)];
+      cs[(size_t(t) * nr + i) * 2] = std::cos(ang) * amax_factor_;
+      cs[(size_t(t) * nr + i) * 2 + 1] = std::sin(ang) * amax_factor_;
+    }
+  const size_t lk = size_t(c.layer) * shape_.n_kv_heads, lq = size_t(c.layer) * shape_.n_heads;
+  track_amax(c.k, n_tokens, c.seq, shape_.n_kv_heads, d, &cs, amax_pairing_, amax_rotary_dim_, &k_amax[lk]);
+  track_amax(c.v, n_tokens, c.seq, shape_.n_kv_heads, d, nullptr, amax_pairing_, amax_rotary_dim_, &v_amax[lk]);
+  track_amax(c.q, n_tokens, c.seq, shape_.n_heads, d, &cs, amax_pairing_, amax_rotary_dim_, &q_amax[lq]);
 }
 
 void Moments::add(const Moments& o) {
@@ -83,6 +147,16 @@ void Moments::add(const Moments& o) {
   k.add(o.k);
   v.add(o.v);
   q.add(o.q);
+  // Maxima merge by max; statistics without them (older files) make the merge lack them too.
+  if (!has_amax() || !o.has_amax()) {
+    k_amax.clear();
+    v_amax.clear();
+    q_amax.clear();
+    return;
+  }
+  for (size_t i = 0; i < k_amax.size(); ++i) k_amax[i] = std::max(k_amax[i], o.k_amax[i]);
+  for (size_t i = 0; i < v_amax.size(); ++i) v_amax[i] = std::max(v_amax[i], o.v_amax[i]);
+  for (size_t i = 0; i < q_amax.size(); ++i) q_amax[i] = std::max(q_amax[i], o.q_amax[i]);
 }
 
 }  // namespace kvq

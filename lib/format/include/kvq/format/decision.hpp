@@ -21,6 +21,7 @@ enum class Method : uint32_t {
   kCobraDp = 4,        // C1 curves + exact C2
   kCobraMeasured = 5,  // measured D(r,b) + exact C2
   kKivi = 6,           // KIVI-style asymmetric baseline (K per channel, V per token)
+  kLayerPrecision = 7, // per layer: FP8 E4M3 or NVFP4 for its K and V (serving engines' formats)
 };
 
 struct MethodName {
@@ -32,7 +33,7 @@ inline constexpr MethodName kMethodNames[] = {
     {Method::kUniform, "uniform"},         {Method::kBlockGtq, "block-gtq"},
     {Method::kCobraMse, "cobra-mse"},      {Method::kCobraKl, "cobra-kl"},
     {Method::kCobraDp, "cobra-dp"},        {Method::kCobraMeasured, "cobra-measured"},
-    {Method::kKivi, "kivi"},
+    {Method::kKivi, "kivi"},               {Method::kLayerPrecision, "layer-precision"},
 };
 constexpr bool method_table_in_enum_order() {
   for (size_t i = 0; i < sizeof(kMethodNames) / sizeof(kMethodNames[0]); ++i)
@@ -40,7 +41,8 @@ constexpr bool method_table_in_enum_order() {
   return true;
 }
 static_assert(method_table_in_enum_order(), "kMethodNames must list every Method in enum order");
-static_assert(static_cast<uint32_t>(Method::kKivi) == 6, "Method values are frozen (written to files)");
+static_assert(static_cast<uint32_t>(Method::kKivi) == 6 && static_cast<uint32_t>(Method::kLayerPrecision) == 7,
+              "Method values are frozen (written to files)");
 
 inline const char* to_string(Method m) {
   const auto i = static_cast<size_t>(m);
@@ -67,10 +69,17 @@ enum class CodingKind : uint32_t {
   kTqGroups = 0,         // TQ-MSE on one or more coordinate groups (uniform, block-gtq)
   kLowRankHadamard = 1,  // y = U_r^T (x - mu), seeded-sign WHT, uniform scalar at `bits`
   kKivi = 2,
+  kMinifloat = 3,  // a serving engine's number format (MinifloatFormat) with a static per-head scale
+};
+// kMinifloat formats (kvq/codec/minifloat.hpp). Written to files: never renumber.
+enum class MinifloatFormat : uint32_t {
+  kFp8E4M3 = 0,  // x^ = E4M3(x / scale) * scale, scale = amax * margin / 448 (vLLM's k_scale/v_scale)
+  kNvfp4 = 1,    // blocks of 16: E4M3 block scale, E2M1 codes, fp32 global scale = amax / (448 * 6)
 };
 static_assert(static_cast<uint32_t>(CodingKind::kTqGroups) == layout::kKindTqGroups &&
                   static_cast<uint32_t>(CodingKind::kLowRankHadamard) == layout::kKindLowRankHadamard &&
-                  static_cast<uint32_t>(CodingKind::kKivi) == layout::kKindKivi,
+                  static_cast<uint32_t>(CodingKind::kKivi) == layout::kKindKivi &&
+                  static_cast<uint32_t>(CodingKind::kMinifloat) == layout::kKindMinifloat,
               "CodingKind and the packed layout's kind numbers are one set");
 static_assert(static_cast<uint32_t>(Side::kK) == layout::kSideK && static_cast<uint32_t>(Side::kV) == layout::kSideV,
               "Side and the packed layout's side numbers are one set");
@@ -107,6 +116,10 @@ struct HeadDecision {
 
   // kKivi
   int group_size = 32;
+
+  // kMinifloat: the format; `scale` above holds its static scale (FP8: the per-head scale, NVFP4:
+  // the global scale), computed from the calibration's amax.
+  MinifloatFormat minifloat = MinifloatFormat::kFp8E4M3;
 };
 
 }  // namespace kvq

@@ -27,6 +27,7 @@ constexpr uint32_t kMaxHeadDim = 4096;
 constexpr uint32_t kKindTqGroups = 0;
 constexpr uint32_t kKindLowRankHadamard = 1;
 constexpr uint32_t kKindKivi = 2;
+constexpr uint32_t kKindMinifloat = 3;
 constexpr uint32_t kSideK = 0;
 constexpr uint32_t kSideV = 1;
 

@@ -15,7 +15,8 @@ namespace kvq {
 inline constexpr const char* kCalibFormat = "kvq-calibration";
 // Written to disk; bump on any layout change. 2: provenance records the model's RoPE (rope_type,
 // rope_inv_freq, rope_attention_factor); version-1 files read as unscaled theta^(-2i/d_r) RoPE.
-inline constexpr int64_t kCalibVersion = 2;
+// 3: /stats/amax_{k,v,q}, the activation maxima (Moments::k_amax ...); older files read without them.
+inline constexpr int64_t kCalibVersion = 3;
 inline constexpr int64_t kCalibOldestVersion = 1;
 
 struct CalibProvenance {
@@ -89,6 +90,11 @@ struct CalibFile {
   MomentShape shape() const { return moments.shape(); }
   bool complete() const { return windows_done == int64_t(calib_offsets.size()); }
 };
+
+// Turns on amax tracking in `m` with the RoPE the provenance records (the windows' own).
+inline void track_amax_with(Moments& m, const CalibProvenance& p) {
+  m.set_amax_rope(p.pairing, p.rotary_dim, p.rope_inv_freq, p.rope_attention_factor);
+}
 
 // Atomic write (tmp + fsync + rename).
 void write_calib(const std::string& path, const CalibFile& c);

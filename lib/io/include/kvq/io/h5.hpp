@@ -19,6 +19,7 @@ void write_attr(H5::H5Object& o, const std::string& name, const std::string& v);
 void write_attr(H5::H5Object& o, const std::string& name, int64_t v);
 void write_attr(H5::H5Object& o, const std::string& name, double v);
 bool has_attr(const H5::H5Object& o, const std::string& name);
+bool has_link(const H5::Group& g, const std::string& name);  // a dataset or group called `name` in g
 std::string read_attr_str(const std::string& file, const H5::H5Object& o, const std::string& name);
 int64_t read_attr_i64(const std::string& file, const H5::H5Object& o, const std::string& name);
 double read_attr_f64(const std::string& file, const H5::H5Object& o, const std::string& name);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvq/model/capture.hpp"
+#include "kvq/model/config.hpp"
 
 namespace kvq {
 
@@ -47,6 +48,16 @@ class Moments {
   const MomentShape& shape() const { return shape_; }
   SideMoments k, v, q;  // q: every query head of the group counted as its own sample
 
+  // Largest |x| per (layer, head) over every calibration token, the serving engines' FP8/NVFP4
+  // scales' input: post-RoPE K (as the cache stores it) and V per KV head [L][n_kv_heads],
+  // post-RoPE Q per query head [L][n_heads]. Merged by max (exact). Empty when the statistics
+  // predate it (calibration files before version 3) or no RoPE was given (set_amax_rope).
+  std::vector<float> k_amax, v_amax, q_amax;
+  bool has_amax() const { return !k_amax.empty(); }
+  // Turns amax tracking on: `inv_freq` [rotary_dim / 2] and `attention_factor` as the forward's
+  // RoPE (rope_params), applied to the captured pre-RoPE q and k before taking |x|.
+  void set_amax_rope(RopePairing pairing, int rotary_dim, std::vector<double> inv_freq, double attention_factor);
+
   // Adds one layer's capture (pre-RoPE q, k, v of a batch). Blocked GEMM (symmetric rank-k
   // update) in fp64; the batch is reduced in a fixed order so results do not depend on timing.
   void accumulate(const LayerCapture& c);
@@ -54,6 +65,10 @@ class Moments {
 
  private:
   MomentShape shape_;
+  RopePairing amax_pairing_ = RopePairing::kSplitHalf;
+  int amax_rotary_dim_ = 0;
+  std::vector<double> amax_inv_freq_;
+  double amax_factor_ = 1.0;
 };
 
 }  // namespace kvq
