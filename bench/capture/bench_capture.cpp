@@ -1,5 +1,6 @@
 // Capture overhead: forward with the statistics observer vs the bare forward, same model, same
-// windows, same process. Report the ratio of tokens/s (goal: capture >= bare / 1.10).
+// windows, same process. Report the ratio of tokens/s (goal: capture >= bare / 1.10). The
+// *_amax runs also take the activation maxima (post-RoPE K and Q, V; calibration format 3).
 #include <benchmark/benchmark.h>
 
 #include <filesystem>
@@ -27,7 +28,7 @@ at::Tensor windows(const kvq::Model& m, int B, int T) {
   return ids;
 }
 
-void run(benchmark::State& st, const std::string& path, bool capture, bool logits) {
+void run(benchmark::State& st, const std::string& path, bool capture, bool logits, bool amax = false) {
   if (!std::filesystem::exists(path)) {
     st.SkipWithError(("missing " + path).c_str());
     return;
@@ -36,6 +37,10 @@ void run(benchmark::State& st, const std::string& path, bool capture, bool logit
   kvq::Model m = kvq::Model::load(path);
   const auto& c = m.config();
   kvq::Moments mom(kvq::MomentShape{c.n_layers, c.n_kv_heads, c.n_heads, c.head_dim});
+  if (amax) {
+    const kvq::RopeParams rp = kvq::rope_params(c, 256);
+    mom.set_amax_rope(c.pairing, c.rotary_dim, rp.inv_freq, rp.attention_factor);
+  }
   Accumulate obs(mom);
   at::Tensor ids = windows(m, 4, 256);
   kvq::Model::ForwardOptions fo;
@@ -54,8 +59,10 @@ const std::string kStories = std::string(KVQ_SHARED_DIR) + "/models/stories260K/
 // lm_head as calib-capture does, so the ratio is capture tokens/s over bare tokens/s.
 BENCHMARK_CAPTURE(run, demo_bare, kDemo, false, true)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK_CAPTURE(run, demo_capture, kDemo, true, false)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(run, demo_capture_amax, kDemo, true, false, true)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK_CAPTURE(run, demo_capture_with_logits, kDemo, true, true)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK_CAPTURE(run, stories_bare, kStories, false, true)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK_CAPTURE(run, stories_capture, kStories, true, false)->Unit(benchmark::kMillisecond)->MinTime(2.0);
+BENCHMARK_CAPTURE(run, stories_capture_amax, kStories, true, false, true)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK_CAPTURE(run, stories_capture_with_logits, kStories, true, true)->Unit(benchmark::kMillisecond)->MinTime(2.0);
 BENCHMARK_MAIN();
