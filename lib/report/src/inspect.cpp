@@ -296,7 +296,7 @@ std::vector<Table> alloc_tables(const AllocFile& a, const CalibFile* c) {
 }
 
 std::string alloc_summary_text(const AllocFile& a, const std::string& path, const CalibFile* c) {
-  std::string s = std::string(kAllocFormat) + " v" + std::to_string(kAllocVersion) + "  " + path + "\n";
+  std::string s = std::string(kAllocFormat) + " v" + std::to_string(alloc_version_for(a)) + "  " + path + "\n";
   s += model_block(a.calib);
   s += "  calibration  " + a.calib_path + " (sha256 " + short_hash(a.calib_sha256) + ", content " +
        short_hash(a.calib_digest) + "), " + std::to_string(a.calib.samples) + " windows x " +
