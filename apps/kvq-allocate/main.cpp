@@ -9,7 +9,7 @@ int main(int argc, char** argv) {
       "Methods (K): uniform (TQ-MSE at --bpd), block-gtq (bits per RoPE block by energy), cobra-mse /\n"
       "cobra-kl (rank x bits per head, C1 + damped C2), cobra-dp (C1 curves + exact C2), cobra-measured\n"
       "(D(r,b) measured on the reservoir with the real codec + exact C2). V: --v-method, --v-bpd.\n"
-      "layer-precision (give it as --method and --v-method): FP8 or NVFP4 per layer for K and V, the least\n"
+      "layer-precision (--method; --v-method follows it): FP8 or NVFP4 per layer for K and V, the least\n"
       "reservoir MSE with mean effective bits per dim <= --bpd (--formats fp8,nvfp4)."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
@@ -19,8 +19,11 @@ int main(int argc, char** argv) {
   app.add_option("--method", method, "K allocation method (" + kvq::allocation_method_names(kvq::Side::kK) + ")")
       ->default_val(method);
   kvq::cli::add_bpd(app, o.bpd, "--bpd", "K budget in bits per dimension (COBRA methods accept fractions)");
-  app.add_option("--v-method", v_method, "V allocation method (" + kvq::allocation_method_names(kvq::Side::kV) + ")")
-      ->default_val(v_method);
+  auto* v_method_opt =
+      app.add_option("--v-method", v_method,
+                     "V allocation method (" + kvq::allocation_method_names(kvq::Side::kV) +
+                         "; default with --method layer-precision: layer-precision)")
+          ->default_val(v_method);
   app.add_option("--v-bpd", o.v_bpd, "V budget in bits per dimension (default: --bpd, rounded up for uniform)");
   kvq::cli::add_out(app, o.out, "output allocation file (.kvqalloc.h5), written atomically");
   app.add_option("--manifest", o.manifest_json, "also write the JSON manifest (schemas/allocation-manifest.schema.json)");
@@ -55,6 +58,8 @@ int main(int argc, char** argv) {
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {
     o.method = kvq::allocation_method_from_flag("--method", method, kvq::Side::kK);
+    // layer-precision decides K and V of a layer together: --v-method follows unless given.
+    if (o.method == kvq::Method::kLayerPrecision && v_method_opt->count() == 0) v_method = method;
     o.v_method = kvq::allocation_method_from_flag("--v-method", v_method, kvq::Side::kV);
     kvq::run_allocate(o);
     return 0;

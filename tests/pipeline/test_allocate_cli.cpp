@@ -217,7 +217,7 @@ TEST(AllocateCli, BadInputs) {
     H5::H5File f(future, H5F_ACC_RDWR);
     H5::Group g = f.openGroup("/");
     g.removeAttr("version");
-    h5::write_attr(g, "version", int64_t(3));
+    h5::write_attr(g, "version", int64_t(99));
   }
   auto partial = test::temp_path("partial.kvqcal.h5");
   test::run_cmd("KVQ_TEST_KILL_AFTER_WINDOWS=4 " + test::bin("calib-capture") + " -q --threads 1 --model " +
@@ -241,7 +241,7 @@ TEST(AllocateCli, BadInputs) {
        "cobra-dp, cobra-measured or layer-precision for V"},
       {"--calib " + cal + " --method cobra-kl --joint-kv --bpd 2", "--joint-kv"},
       {"--calib " + cal + " --method uniform --bpd 2.5", "bits_per_dim"},
-      {"--calib " + future + " --method block-gtq --bpd 2", "found 3 (written by a newer kvq)"},
+      {"--calib " + future + " --method block-gtq --bpd 2", "found 99 (written by a newer kvq)"},
       {"--calib " + partial + " --method block-gtq --bpd 2", "interrupted capture"},
       {"--calib /nonexistent.kvqcal.h5 --method block-gtq --bpd 2", "cannot open"},
       {"--calib " + cal + " --method cobra-dp --c1-rounding round --bpd 2", "round"},

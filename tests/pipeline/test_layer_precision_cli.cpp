@@ -114,7 +114,15 @@ TEST(LayerPrecisionCli, BadBudgetsAndFlags) {
   expect_allocate_error(cal, lp + "--bpd 7 --formats fp8", "all fp8 = 8");
   expect_allocate_error(cal, lp + "--bpd 6 --formats fp8,fp9", "--formats: unknown format 'fp9'");
   expect_allocate_error(cal, lp + "--bpd 6 --formats nvfp4,nvfp4", "given twice");
-  expect_allocate_error(cal, "--method layer-precision --bpd 6", "--v-method: layer-precision chooses one format per layer");
+  // --v-method follows --method layer-precision unless given; given as something else it is refused.
+  expect_allocate_error(cal, "--method layer-precision --v-method uniform --bpd 6",
+                        "--v-method: layer-precision chooses one format per layer");
+  {
+    auto out = temp_path("lp_default_v.kvqalloc.h5");
+    auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method layer-precision --bpd 6 --out " + out);
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(kvq::read_alloc(out).v_method, "layer-precision");
+  }
   // A calibration file from before the amax statistics (format version 2).
   expect_allocate_error(std::string(KVQ_SOURCE_DIR) + "/data/golden/calib-v2.kvqcal.h5", lp + "--bpd 6",
                         "/stats/amax_k: missing: layer-precision needs the activation maxima");

@@ -186,7 +186,7 @@ TEST(Inspect, CalibrationFiguresAndSummary) {
   ASSERT_EQ(r.status, 0) << r.err;
   expect_figure(fig(dir, cal, "energy_l1_h1"), report::kEnergySize);
   expect_figure(fig(dir, cal, "eigen_l1_h1"), report::kEigenSize);
-  for (const char* s : {"kvq-calibration v2", "kvq-demo-llama", "split-half", "corpus", "held out", "reservoir",
+  for (const char* s : {"kvq-calibration v3", "maxima       |x| per head recorded", "kvq-demo-llama", "split-half", "corpus", "held out", "reservoir",
                         "tokens", "max/median", "per layer"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 }

@@ -180,6 +180,13 @@ std::string calib_summary_text(const CalibFile& c, const std::string& path) {
   s += "  held out     " + std::to_string(c.holdout_offsets.size()) + " windows (never in the statistics)\n";
   s += "  reservoir    " + std::to_string(c.reservoir.size()) + " rows kept of " + std::to_string(c.reservoir.seen) +
        " offered (capacity " + std::to_string(p.reservoir_tokens) + ")\n";
+  if (c.moments.has_amax()) {
+    auto top = [](const std::vector<float>& a) { return fmt(double(*std::max_element(a.begin(), a.end())), 4); };
+    s += "  maxima       |x| per head recorded: post-RoPE K up to " + top(c.moments.k_amax) + ", V up to " +
+         top(c.moments.v_amax) + ", post-RoPE Q up to " + top(c.moments.q_amax) + " (kvq-export vllm scales)\n";
+  } else {
+    s += "  maxima       none (recorded from calibration format 3 on; recapture for kvq-export vllm / layer-precision)\n";
+  }
   s += "  written by   " + p.tool_version + ", " + (p.created_unix ? utc(p.created_unix) : std::string("no timestamp")) + "\n";
 
   const auto en = head_energies(c);
