@@ -1,5 +1,6 @@
 // KV-COBRA over a whole model: KL reordering of each head's basis, the head decisions and the
 // summary, for one side, joint K/V and measured distortion.
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -58,9 +59,11 @@ std::string head_field(const char* what, const Shape& s, int index, const char* 
 }
 
 // Spectra (possibly KL-reordered) and the permutation each head's basis follows.
+// reference_kl: the weights as the reference forms them, max(q_var, 1e-30) * max(lambda, 1e-30)
+// (its tie order, from numpy's unstable argsort, is not reproduced: kvq keeps ties in order).
 void prepare(const Shape& shape, const std::vector<CobraHeadInput>& heads, bool kl,
              const char* side_name, std::vector<std::vector<double>>* spectra,
-             std::vector<std::vector<int>>* perms) {
+             std::vector<std::vector<int>>* perms, bool reference_kl = false) {
   const int n = shape.n_heads(), d = shape.head_dim;
   if (static_cast<int>(heads.size()) != n)
     fail(side_name, "expected " + num(n) + " heads (layers x kv heads), got " +
@@ -73,7 +76,18 @@ void prepare(const Shape& shape, const std::vector<CobraHeadInput>& heads, bool 
     if (kl) {
       if (heads[i].query_variance.empty())
         fail(head_field("query_variance", shape, i, side_name), "required when KL reordering is on");
-      KlOrder o = kl_reorder(lam, heads[i].query_variance);
+      KlOrder o;
+      if (reference_kl && heads[i].query_variance.size() == lam.size()) {
+        std::vector<double> ev(lam), qv(heads[i].query_variance);
+        for (size_t j = 0; j < ev.size(); ++j) {
+          ev[j] = std::max(ev[j], 1e-30);
+          // NaN and negatives stay as they are for kl_reorder's message.
+          if (qv[j] >= 0 && qv[j] < 1e-30) qv[j] = 1e-30;
+        }
+        o = kl_reorder(ev, qv);
+      } else {
+        o = kl_reorder(lam, heads[i].query_variance);
+      }
       lam = o.weights;
       perm = o.perm;
     }
@@ -156,7 +170,8 @@ void fill_summary(const C2Result& r, const std::vector<HeadDecision>& heads, Met
                {"head_floor", num(static_cast<long long>(r.head_floor))},
                {"head_max", num(static_cast<long long>(opt.head_max))},
                {"kl", opt.kl ? "1" : "0"},
-               {"budget_rule", "llround(heads * d * bpd)"},
+               {"budget_rule", opt.c2 == C2Kind::kReference ? "int(d * bpd) * heads"
+                                                            : "llround(heads * d * bpd)"},
                {"seed", num(static_cast<unsigned long long>(opt.seed))}};
 }
 
@@ -169,13 +184,18 @@ Allocation allocate_cobra(const Shape& shape, Side side, const std::vector<Cobra
   check_bpd(bpd, opt.model);
   std::vector<std::vector<double>> spectra;
   std::vector<std::vector<int>> perms;
-  prepare(shape, heads, opt.kl, side == Side::kK ? "K" : "V", &spectra, &perms);
+  const bool reference = opt.c2 == C2Kind::kReference;
+  prepare(shape, heads, opt.kl, side == Side::kK ? "K" : "V", &spectra, &perms, reference);
   const int64_t total = cobra_total_budget(shape.n_heads(), shape.head_dim, bpd);
   C2Result r;
   switch (opt.c2) {
     case C2Kind::kNone: r = cobra_c2_none(spectra, total, opt.model); break;
     case C2Kind::kDamped: r = cobra_c2_damped(spectra, total, opt.model, opt.damped, opt.floor); break;
     case C2Kind::kExact: r = cobra_c2_exact(spectra, total, opt.model, opt.floor, opt.head_max); break;
+    case C2Kind::kReference:
+      r = cobra_c2_reference(spectra, cobra_reference_head_budget(shape.head_dim, bpd), opt.model,
+                             opt.damped, opt.floor);
+      break;
     default: fail("c2", "unknown value " + num(static_cast<int>(opt.c2)));
   }
   Allocation out;

@@ -106,6 +106,92 @@ bool c1_at_target(const Prefix& pr, int d, int64_t budget, const CobraModel& m,
   return false;
 }
 
+namespace {
+
+// numpy's pairwise_sum (loops_utils.h): below 8 values a plain loop; up to 128, eight running
+// sums over strides of 8 combined as ((0+1)+(2+3))+((4+5)+(6+7)), then the leftovers one by one;
+// above 128, the two halves (the first a multiple of 8 long) summed separately and added.
+double pairwise(const double* a, int64_t n) {
+  if (n < 8) {
+    double s = 0.0;
+    for (int64_t i = 0; i < n; ++i) s += a[i];
+    return s;
+  }
+  if (n <= 128) {
+    double r[8];
+    for (int j = 0; j < 8; ++j) r[j] = a[j];
+    int64_t i = 8;
+    for (; i < n - (n % 8); i += 8)
+      for (int j = 0; j < 8; ++j) r[j] += a[i + j];
+    double s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+    for (; i < n; ++i) s += a[i];
+    return s;
+  }
+  int64_t n2 = n / 2;
+  n2 -= n2 % 8;
+  return pairwise(a, n2) + pairwise(a + n2, n - n2);
+}
+
+// a + b * c with two roundings, as numpy computes it: the volatile keeps a compiler allowed to
+// contract (-ffp-contract=fast with FMA enabled) from fusing them.
+double add_product(double a, double b, double c) {
+  volatile double p = b * c;
+  return a + p;
+}
+
+}  // namespace
+
+double numpy_sum(const double* a, int64_t n) { return 0.0 + pairwise(a, n); }
+
+// The reference's optimal_rank_bits followed by the clip and rank re-derivation its callers
+// (water_filling_budgets, _rank_bit_configs) apply to the result:
+//  a. spectrum sum (numpy) < 1e-30: r = max(r_min, B div b_min), b = max(b_min, B div max(r, 1));
+//  b. otherwise ranks r_min, r_min + r_step, ... <= r_max = min(d, max(r_min, B div b_min)), or
+//     just r_min when that range is empty; b = B div r (floor) or Python's round(B / r) (half to
+//     even); b < b_min skipped, then b capped at b_max; D = sum(lam[r:]) + q(b) sum(lam[:r]),
+//     the tail 0 at r = d; a strictly smaller D replaces the best; the start is (first rank,
+//     b_min), kept if no rank is feasible;
+//  c. b clamped to [b_min, b_max], r = max(r_min, min(d, B div b)) (may be odd, may differ from
+//     b.'s rank), and D recomputed at that (r, b) the same way.
+RankBits c1_reference(const double* lam, int d, int64_t budget, const CobraModel& m,
+                      const std::vector<double>& q) {
+  const int64_t B = budget;
+  // Python's // on the non-negative values here; a negative budget (not reachable from the
+  // damped C2, whose floor is >= 0) floors toward -inf like Python.
+  auto fdiv = [](int64_t a, int64_t b) {
+    int64_t t = a / b;
+    return (a % b != 0 && ((a < 0) != (b < 0))) ? t - 1 : t;
+  };
+  auto dist = [&](int64_t r, int b) {
+    const double tail = r < d ? numpy_sum(lam + r, d - r) : 0.0;
+    return add_product(tail, q[b], numpy_sum(lam, r));
+  };
+  int64_t r = 0, b = 0;
+  if (numpy_sum(lam, d) < 1e-30) {
+    r = std::max<int64_t>(m.r_min, fdiv(B, std::max(m.b_min, 1)));
+    b = std::max<int64_t>(m.b_min, fdiv(B, std::max<int64_t>(r, 1)));
+  } else {
+    const int64_t r_max = std::min<int64_t>(d, std::max<int64_t>(m.r_min, fdiv(B, m.b_min)));
+    const int64_t r_first = m.r_min;  // the range is never empty here: r_min <= d, r_min <= r_max
+    r = r_first;
+    b = m.b_min;
+    double best = std::numeric_limits<double>::infinity();
+    for (int64_t rr = r_first; rr <= r_max; rr += m.r_step) {
+      int64_t bb = m.rounding == C1Rounding::kFloor
+                       ? fdiv(B, rr)
+                       : static_cast<int64_t>(std::nearbyint(static_cast<double>(B) /
+                                                             static_cast<double>(rr)));
+      if (bb < m.b_min) continue;
+      bb = std::min<int64_t>(bb, m.b_max);
+      const double D = dist(rr, static_cast<int>(bb));
+      if (D < best) best = D, r = rr, b = bb;
+    }
+  }
+  b = std::max<int64_t>(m.b_min, std::min<int64_t>(m.b_max, b));
+  r = std::max<int64_t>(m.r_min, std::min<int64_t>(d, fdiv(B, b)));
+  return {static_cast<int>(r), static_cast<int>(b), dist(r, static_cast<int>(b))};
+}
+
 void prefixes(const std::vector<std::vector<double>>& spectra, int* d, Prefixes* out) {
   if (spectra.empty()) fail("spectra", "no heads");
   *d = static_cast<int>(spectra[0].size());
@@ -174,6 +260,13 @@ RankBits cobra_c1(const std::vector<double>& lambda, int64_t budget, const Cobra
   if (budget < 0) fail("budget", "must be >= 0, got " + num(static_cast<long long>(budget)));
   Prefixes pr = make_prefix(checked_spectrum(lambda, d, "eigenvalues"));
   return c1_prefix(pr[0], d, budget, m, q_table(m));
+}
+
+RankBits cobra_c1_reference(const std::vector<double>& lambda, int64_t budget, const CobraModel& m) {
+  const int d = static_cast<int>(lambda.size());
+  validate_model(m, d);
+  const std::vector<double> lam = checked_spectrum(lambda, d, "eigenvalues");
+  return detail::c1_reference(lam.data(), d, budget, m, q_table(m));
 }
 
 }  // namespace kvq::alloc

@@ -115,6 +115,88 @@ C2Result cobra_c2_damped(const std::vector<std::vector<double>>& spectra, int64_
   return r;
 }
 
+// The reference's water_filling_budgets, in order (kvq's damped C2 above differs at the marked
+// points):
+//  1. Every head starts at Bbar = the integer per-head budget (kvq: an even split of
+//     llround(n d bpd)); total = Bbar * n; floor B_min = max(floor_abs, Bbar div floor_div).
+//  2. Each of `rounds` rounds, heads in order (layer-major, as the reference's dict):
+//     a. D_h = D at the head's reference choice (C1, then b clipped, r = max(r_min, min(d,
+//        B_h div b))): the re-derived rank, not C1's own (kvq: C1's D*).
+//     b. mean = max(numpy mean of D, 1e-30) (kvq: no step when the mean is 0).
+//     c. step_h = trunc((Bbar * (sqrt(D_h / mean) - 1)) * damping), multiplied in that order
+//        (kvq: damping * Bbar first); B_h = max(B_min, B_h + step_h).
+//     d. current = sum B_h; if current > 0, B_h = max(B_min, trunc(B_h * total / current)) with
+//        the product an exact integer and the quotient one double division.
+//  3. The final heads: the reference choice (2a's rule) at the final B_h.
+C2Result cobra_c2_reference(const std::vector<std::vector<double>>& spectra, int64_t head_budget,
+                            const CobraModel& m, const DampedOptions& opt, const BudgetFloor& floor) {
+  if (spectra.empty()) fail("spectra", "no heads");
+  const int d = static_cast<int>(spectra[0].size());
+  validate_model(m, d);
+  if (opt.rounds < 0) fail("rounds", "must be >= 0, got " + num(opt.rounds));
+  if (!std::isfinite(opt.damping) || opt.damping < 0)
+    fail("damping", "must be finite and >= 0, got " + num(opt.damping));
+  if (head_budget < 0)
+    fail("budget", "per-head budget must be >= 0, got " + num(static_cast<long long>(head_budget)));
+  if (floor.abs < 0) fail("floor_abs", "must be >= 0, got " + num(static_cast<long long>(floor.abs)));
+  if (floor.div < 1) fail("floor_div", "must be >= 1, got " + num(static_cast<long long>(floor.div)));
+  const int n = static_cast<int>(spectra.size());
+  std::vector<std::vector<double>> lam(n);
+  for (int h = 0; h < n; ++h)
+    lam[h] = checked_spectrum(spectra[h], d, "spectra[" + num(h) + "]");
+  const auto q = q_table(m);
+  const int64_t bbar = head_budget;
+  const int64_t total = bbar * n;
+  const int64_t budget_floor = std::max(floor.abs, bbar / floor.div);
+  C2Result r;
+  r.total_target = total;
+  r.head_floor = budget_floor;
+  std::vector<int64_t> b(n, bbar);
+  r.rounds.reserve(opt.rounds);
+  for (int round = 0; round < opt.rounds; ++round) {
+    DampedRound st;
+    st.start = b;
+    st.distortion.resize(n);
+    for (int h = 0; h < n; ++h) st.distortion[h] = detail::c1_reference(lam[h].data(), d, b[h], m, q).distortion;
+    if (round == 0) r.uniform_distortion = st.distortion;
+    st.mean_distortion = std::max(detail::numpy_sum(st.distortion.data(), n) / n, 1e-30);
+    st.step.resize(n);
+    st.after_step.resize(n);
+    for (int h = 0; h < n; ++h) {
+      const double ratio = st.distortion[h] / st.mean_distortion;
+      const double moved = static_cast<double>(bbar) * (std::sqrt(ratio) - 1.0);
+      st.step[h] = static_cast<int64_t>(moved * opt.damping);  // int(): toward zero
+      st.after_step[h] = std::max(budget_floor, b[h] + st.step[h]);
+      st.sum_after_step += st.after_step[h];
+    }
+    st.after_renorm = st.after_step;
+    if (st.sum_after_step > 0)
+      for (int h = 0; h < n; ++h) {
+        // Below 2^53 the product is exact as a double and one division rounds the exact
+        // quotient, as Python's int / int does.
+        if (total > 0 && st.after_step[h] > (int64_t{1} << 53) / total)
+          fail("budget", "B_h * total above 2^53 (B_h " +
+                             num(static_cast<long long>(st.after_step[h])) + ", total " +
+                             num(static_cast<long long>(total)) +
+                             "): the reference's arithmetic is not reproduced there");
+        const double v = static_cast<double>(st.after_step[h] * total) /
+                         static_cast<double>(st.sum_after_step);
+        st.after_renorm[h] = std::max(budget_floor, static_cast<int64_t>(v));
+      }
+    b = st.after_renorm;
+    r.rounds.push_back(std::move(st));
+  }
+  r.budgets = b;
+  for (int h = 0; h < n; ++h) {
+    r.choice.push_back(detail::c1_reference(lam[h].data(), d, b[h], m, q));
+    r.objective += r.choice.back().distortion;
+    r.total_assigned += b[h];
+  }
+  if (opt.rounds == 0)
+    for (const auto& c : r.choice) r.uniform_distortion.push_back(c.distortion);
+  return r;
+}
+
 C2Result cobra_c2_exact(const std::vector<std::vector<double>>& spectra, int64_t total,
                         const CobraModel& m, const BudgetFloor& floor, int64_t head_max) {
   int d = 0;

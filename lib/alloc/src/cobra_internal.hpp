@@ -50,6 +50,14 @@ RankBits c1_prefix(const Prefix& pr, int d, int64_t budget, const CobraModel& m,
 bool c1_at_target(const Prefix& pr, int d, int64_t budget, const CobraModel& m,
                   const std::vector<double>& q, double target, RankBits* out);
 
+// sum of a[0 .. n) in numpy's order for a contiguous float64 array (ndarray.sum, np.mean's sum):
+// its pairwise summation with 8 accumulators, added to the reduction's 0.0 start.
+double numpy_sum(const double* a, int64_t n);
+
+// cobra_c1_reference on a validated spectrum of length d; q = q_table(m).
+RankBits c1_reference(const double* lam, int d, int64_t budget, const CobraModel& m,
+                      const std::vector<double>& q);
+
 // Throws kvq::Error unless 0 < bpd <= b_max.
 void check_bpd(double bpd, const CobraModel& m);
 

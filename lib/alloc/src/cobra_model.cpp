@@ -31,6 +31,7 @@ const char* to_string(C2Kind k) {
     case C2Kind::kNone: return "none";
     case C2Kind::kDamped: return "damped";
     case C2Kind::kExact: return "exact";
+    case C2Kind::kReference: return "reference";
   }
   return "unknown";
 }
@@ -39,7 +40,8 @@ C2Kind c2_kind_from_string(const std::string& s) {
   if (s == "none") return C2Kind::kNone;
   if (s == "damped") return C2Kind::kDamped;
   if (s == "exact") return C2Kind::kExact;
-  fail("c2", "unknown value '" + s + "' (valid: none, damped, exact)");
+  if (s == "reference") return C2Kind::kReference;
+  fail("c2", "unknown value '" + s + "' (valid: none, damped, exact, reference)");
 }
 
 void validate_model(const CobraModel& m, int d) {
@@ -80,6 +82,12 @@ std::vector<double> checked_spectrum(const std::vector<double>& lambda, int d,
 int64_t cobra_total_budget(int n_heads, int head_dim, double bpd) {
   if (!std::isfinite(bpd) || bpd <= 0) fail("bpd", "must be a positive number, got " + num(bpd));
   return std::llround(static_cast<double>(n_heads) * head_dim * bpd);
+}
+
+int64_t cobra_reference_head_budget(int head_dim, double bpd) {
+  if (!std::isfinite(bpd) || bpd <= 0) fail("bpd", "must be a positive number, got " + num(bpd));
+  if (head_dim <= 0) fail("head_dim", "must be positive, got " + num(head_dim));
+  return static_cast<int64_t>(bpd * static_cast<double>(head_dim));  // Python's int(): toward 0
 }
 
 int64_t cobra_min_head_budget(double bbar, const BudgetFloor& f) {

@@ -110,6 +110,31 @@ C2Result cobra_c2_damped(const std::vector<std::vector<double>>& spectra, int64_
                          const CobraModel& m, const DampedOptions& opt = {},
                          const BudgetFloor& floor = {});
 
+// ---- Reference mode: the KV-COBRA reference code's C1 and damped C2, reproduced as it runs ----
+// kvq's own damped C2 (above) fixes several of the reference's rounding quirks; this mode keeps
+// them so that (r, b) and B_h are the reference's on the same spectra. The order of operations is
+// listed in cobra_c2.cpp. In short: per-head budget trunc(bpd * d), total = that * n heads; each
+// round evaluates D at the rank re-derived from C1's width (max(r_min, min(d, B div b))), not at
+// C1's rank; steps and renormalised budgets are truncated to integers; every sum of eigenvalues
+// is taken in numpy's pairwise order. The model's r_min, r_step, b_min, b_max, c and rounding
+// stand in for the reference's constants (2, 2, 2, 8, 1/12); float64 spectra are assumed (the
+// reference's MSE variant sums its fp32 eigenvalues in fp32 inside C2: not reproduced).
+
+// The reference's per-head budget: trunc(bpd * head_dim), the product in double.
+int64_t cobra_reference_head_budget(int head_dim, double bpd);
+
+// The reference's choice for one head at budget B: its C1, then the width clipped to
+// [b_min, b_max] and the rank re-derived as max(r_min, min(d, B div b)). distortion = D(r, b) of
+// that pair, summed as numpy sums (pairwise). This is the (r, b) the reference codes with.
+RankBits cobra_c1_reference(const std::vector<double>& lambda, int64_t budget, const CobraModel& m);
+
+// The reference's damped C2: every head starts at head_budget (= cobra_reference_head_budget),
+// total_target = head_budget * n; floor max(floor.abs, head_budget div floor.div). rounds[] hold
+// the steps (distortion = D at the re-derived rank); choice = cobra_c1_reference at the final B_h.
+C2Result cobra_c2_reference(const std::vector<std::vector<double>>& spectra, int64_t head_budget,
+                            const CobraModel& m, const DampedOptions& opt = {},
+                            const BudgetFloor& floor = {});
+
 // Exact integer optimum of sum_h D*_h(B_h), sum_h B_h = total, B_h in [B_min, head_max]
 // (head_max 0 = d * b_max, beyond which D* is flat), by the solver behind solve_exact_budget (the
 // curves are built straight from the grid, not through make_curve). Needs kFloor rounding: with
@@ -147,7 +172,9 @@ std::vector<double> query_variance_along(const Eigen::MatrixXd& sigma_q, const E
 
 // ---- Whole-model allocation (decisions + summary) ----
 
-enum class C2Kind : uint32_t { kNone = 0, kDamped = 1, kExact = 2 };
+// kReference: cobra_c2_reference (the reference code's damped C2 with its roundings); recorded
+// as c2 = "reference" with budget_rule "int(d * bpd) * heads".
+enum class C2Kind : uint32_t { kNone = 0, kDamped = 1, kExact = 2, kReference = 3 };
 const char* to_string(C2Kind k);
 C2Kind c2_kind_from_string(const std::string& s);
 
