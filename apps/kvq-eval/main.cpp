@@ -14,7 +14,7 @@ int main(int argc, char** argv) {
       "  kvq-eval --model data/kvq-demo-llama --alloc a.kvqalloc.h5 --text heldout.txt --calib cal.kvqcal.h5\n"
       "Sliding windows: each window is BOS + window-1 text tokens, advanced by --stride; every text token\n"
       "is scored once. --sink N --recent M keep the window's first N positions and, for each query, the\n"
-      "last M cache entries in full precision (computed exactly; M > 0 costs about window/2 times more)."};
+      "last M cache entries in full precision (exact, in one forward per window)."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   kvq::EvalOptions o;

@@ -25,11 +25,6 @@ void nll_rows(const at::Tensor& logits, const std::vector<int64_t>& targets, dou
   for (int64_t r = 0; r < n; ++r) out[r] = -p[r];
 }
 
-at::Tensor rows_tensor(const std::vector<int64_t>& ids, int64_t len, int64_t rows) {
-  at::Tensor one = at::from_blob(const_cast<int64_t*>(ids.data()), {1, len}, at::kLong);
-  return one.expand({rows, len}).contiguous();
-}
-
 // Plain quantized cache: codes every position >= sink of every window, once.
 class CodeFrom : public KvTransform {
  public:
@@ -48,83 +43,18 @@ class CodeFrom : public KvTransform {
   int sink_;
 };
 
-// What a decode loop's cache holds for one window: per layer, every token's K/V as its own forward
-// produced them (full precision) and their coded values (coded once, when written).
-struct MixedCache {
-  size_t row = 0;
-  std::vector<std::vector<float>> k, v, kq, vq;  // [L][T * row]
-  MixedCache(int L, int T, size_t row_) : row(row_) {
-    for (auto* x : {&k, &v, &kq, &vq}) x->assign(size_t(L), std::vector<float>(size_t(T) * row));
-  }
-  // Stores tokens [t0, t0 + n) of layer l from src rows (stride `src_stride` floats between tokens)
-  // and codes the ones at or past `sink`.
-  void write(const KvCoder& coder, int l, int t0, int n, const float* ks, const float* vs, size_t src_stride,
-             int sink, const int64_t* positions) {
-    for (int t = 0; t < n; ++t) {
-      const size_t dst = size_t(t0 + t) * row;
-      std::copy_n(ks + size_t(t) * src_stride, row, k[size_t(l)].data() + dst);
-      std::copy_n(vs + size_t(t) * src_stride, row, v[size_t(l)].data() + dst);
-    }
-    std::copy_n(k[size_t(l)].data() + size_t(t0) * row, size_t(n) * row, kq[size_t(l)].data() + size_t(t0) * row);
-    std::copy_n(v[size_t(l)].data() + size_t(t0) * row, size_t(n) * row, vq[size_t(l)].data() + size_t(t0) * row);
-    const int c0 = std::max(t0, sink), c1 = t0 + n;
-    if (c1 > c0)
-      coder.code(l, kq[size_t(l)].data() + size_t(c0) * row, vq[size_t(l)].data() + size_t(c0) * row, c1 - c0,
-                 positions + (c0 - t0));
-  }
-};
-
-// Phase 1: one window over the first P tokens, all of whose queries see a full-precision cache
-// (P <= sink + recent); it only records what the later queries will read.
-class RecordPrefix : public KvTransform {
+// Protected cache (sink, recent): the forward keeps the full K/V and reads this coded copy where
+// the policy says; positions before the sink are never read coded, so they are not coded.
+class ProtectedCoder : public ProtectedKv {
  public:
-  RecordPrefix(MixedCache& c, const KvCoder& coder, int sink) : c_(c), coder_(coder), sink_(sink) {}
-  void apply(LayerKv& kv) override {
-    KVQ_ASSERT(kv.batch == 1);
-    c_.write(coder_, kv.layer, 0, kv.seq, kv.k, kv.v, c_.row, sink_, kv.positions);
+  ProtectedCoder(const KvCoder& c, const CachePolicy& p) : code_from_(c, p.sink) {
+    sink = p.sink;
+    recent = p.recent;
   }
+  void code(LayerKv& kv) override { code_from_.apply(kv); }
 
  private:
-  MixedCache& c_;
-  const KvCoder& coder_;
-  int sink_;
-};
-
-// Phase 2: row r of the batch answers query i = r0 + r over ids[0..r1). At each layer the row's own
-// position i holds token i's true K/V (its hidden state is exact by induction over layers: every
-// earlier layer gave query i exactly its mixed cache), which is recorded and coded once; then
-// every key j <= i of the row is overwritten with what query i's cache holds: coded when
-// sink <= j <= i - recent, full precision otherwise. Keys past i are never read by query i (causal).
-class MixedRows : public KvTransform {
- public:
-  MixedRows(MixedCache& c, const KvCoder& coder, CachePolicy p, int r0) : c_(c), coder_(coder), p_(p), r0_(r0) {}
-  void apply(LayerKv& kv) override {
-    const int l = kv.layer, T = kv.seq, rows = kv.batch;
-    const size_t row = c_.row, win = size_t(T) * row;
-    KVQ_ASSERT(r0_ + rows <= T);
-    // The diagonal: row r's position r0 + r, i.e. a stride of one window plus one token.
-    const size_t diag = win + row;
-    c_.write(coder_, l, r0_, rows, kv.k + size_t(r0_) * row, kv.v + size_t(r0_) * row, diag, p_.sink,
-             kv.positions + r0_);
-    const float *K = c_.k[size_t(l)].data(), *V = c_.v[size_t(l)].data();
-    const float *Kq = c_.kq[size_t(l)].data(), *Vq = c_.vq[size_t(l)].data();
-    for (int r = 0; r < rows; ++r) {
-      const int i = r0_ + r;
-      float* kr = kv.k + size_t(r) * win;
-      float* vr = kv.v + size_t(r) * win;
-      for (int j = 0; j <= i; ++j) {
-        const bool coded = j >= p_.sink && j <= i - p_.recent;
-        std::copy_n((coded ? Kq : K) + size_t(j) * row, row, kr + size_t(j) * row);
-        std::copy_n((coded ? Vq : V) + size_t(j) * row, row, vr + size_t(j) * row);
-      }
-    }
-  }
-
- private:
-  MixedCache& c_;
-  const KvCoder& coder_;
-  CachePolicy p_;
-  int r0_;
+  CodeFrom code_from_;
 };
 
 void check_window(const Model& m, size_t T, int first_target, const CachePolicy& p) {
@@ -137,17 +67,27 @@ void check_window(const Model& m, size_t T, int first_target, const CachePolicy&
     throw Error("", p.sink < 0 ? "--sink" : "--recent", "must be >= 0");
 }
 
-// Windows of equal length T with a plain (sink-only) cache in one forward. Query positions are
-// 0..T-2 (the last token only ever is a target).
-void plain_batch(const Model& m, const std::vector<const std::vector<int64_t>*>& wins, const std::vector<int>& firsts,
-                 const KvCoder* coder, int sink, std::vector<std::vector<double>>& out) {
+// True when some query of a window of T tokens (queries 0..T-2) reads a coded entry.
+bool any_coded(int64_t T, const CachePolicy& p) { return p.sink + p.recent < T - 1; }
+
+// Windows of equal length T in one forward. Query positions are 0..T-2 (the last token only ever
+// is a target). Plain cache (recent == 0): positions >= sink coded once; protected (recent > 0):
+// the forward's per-pair selection; a cache that is full precision for every query: fp32.
+void window_batch(const Model& m, const std::vector<const std::vector<int64_t>*>& wins, const std::vector<int>& firsts,
+                  const KvCoder* coder, const CachePolicy& p, std::vector<std::vector<double>>& out) {
   c10::InferenceMode guard;
   const int64_t B = int64_t(wins.size()), T = int64_t(wins[0]->size()), Q = T - 1;
   at::Tensor ids = at::empty({B, Q}, at::kLong);
   for (int64_t b = 0; b < B; ++b) std::copy_n(wins[size_t(b)]->data(), Q, ids[b].data_ptr<int64_t>());
-  std::unique_ptr<CodeFrom> tf;
+  std::unique_ptr<CodeFrom> plain;
+  std::unique_ptr<ProtectedCoder> prot;
   Model::ForwardOptions fo;
-  if (coder && sink < Q) fo.kv_transform = (tf = std::make_unique<CodeFrom>(*coder, sink)).get();
+  if (coder && any_coded(T, p)) {
+    if (p.recent == 0)
+      fo.kv_transform = (plain = std::make_unique<CodeFrom>(*coder, p.sink)).get();
+    else
+      fo.protected_kv = (prot = std::make_unique<ProtectedCoder>(*coder, p)).get();
+  }
   at::Tensor logits = m.forward(ids, fo);  // [B, Q, V]
   out.assign(size_t(B), {});
   for (int64_t b = 0; b < B; ++b) {
@@ -158,75 +98,16 @@ void plain_batch(const Model& m, const std::vector<const std::vector<int64_t>*>&
   }
 }
 
-std::vector<double> mixed_window(const Model& m, const std::vector<int64_t>& ids, int first_target,
-                                 const KvCoder& coder, const CachePolicy& p, int64_t max_batch_tokens,
-                                 int64_t* forward_tokens) {
-  c10::InferenceMode guard;
-  const ModelConfig& c = m.config();
-  const int T = int(ids.size()), Q = T - 1;  // queries 0..Q-1
-  const int P = std::min(Q, p.sink + p.recent);
-  MixedCache cache(c.n_layers, T, size_t(c.n_kv_heads) * size_t(c.head_dim));
-  std::vector<double> out(size_t(T - first_target));
-  // Scores the queries qs from their logit rows [qs.size(), V].
-  auto score = [&](const at::Tensor& logit_rows, const std::vector<int>& qs) {
-    std::vector<int64_t> tgt;
-    for (int x : qs) tgt.push_back(ids[size_t(x) + 1]);
-    std::vector<double> v(tgt.size());
-    nll_rows(logit_rows, tgt, v.data());
-    for (size_t k = 0; k < qs.size(); ++k) out[size_t(qs[k] + 1 - first_target)] = v[k];
-  };
-  {  // Phase 1: queries < P read only full-precision entries, so one plain forward is exact.
-    RecordPrefix rec(cache, coder, p.sink);
-    Model::ForwardOptions fo;
-    fo.kv_transform = &rec;
-    at::Tensor logits = m.forward(rows_tensor(ids, P, 1), fo)[0];  // [P, V]
-    *forward_tokens += P;
-    std::vector<int> qs;
-    for (int q = std::max(0, first_target - 1); q < P; ++q) qs.push_back(q);
-    if (!qs.empty()) score(logits.slice(0, qs.front(), P), qs);
-  }
-  const int per = int(std::max<int64_t>(1, max_batch_tokens / std::max(1, Q)));
-  for (int r0 = P; r0 < Q; r0 += per) {
-    const int r1 = std::min(Q, r0 + per), rows = r1 - r0;
-    MixedRows mix(cache, coder, p, r0);
-    Model::ForwardOptions fo;
-    fo.kv_transform = &mix;
-    at::Tensor logits = m.forward(rows_tensor(ids, r1, rows), fo);  // [rows, r1, V]
-    *forward_tokens += int64_t(rows) * r1;
-    std::vector<int> qs;
-    std::vector<int64_t> flat;
-    for (int r = 0; r < rows; ++r)
-      if (r0 + r >= first_target - 1) qs.push_back(r0 + r), flat.push_back(int64_t(r) * r1 + r0 + r);
-    if (qs.empty()) continue;
-    at::Tensor sel = logits.view({int64_t(rows) * r1, logits.size(2)})
-                         .index_select(0, at::from_blob(flat.data(), {int64_t(flat.size())}, at::kLong));
-    score(sel, qs);
-  }
-  return out;
-}
-
-std::vector<double> window_nll_impl(const Model& m, const std::vector<int64_t>& ids, int first_target,
-                                    const KvCoder* coder, const CachePolicy& p, int64_t max_batch_tokens,
-                                    int64_t* forward_tokens) {
-  check_window(m, ids.size(), first_target, p);
-  if (coder && p.recent > 0 && p.sink + p.recent < int(ids.size()) - 1)
-    return mixed_window(m, ids, first_target, *coder, p, max_batch_tokens, forward_tokens);
-  // recent >= every query's context: the whole cache is full precision.
-  const KvCoder* c = p.recent > 0 ? nullptr : coder;
-  std::vector<std::vector<double>> out;
-  plain_batch(m, {&ids}, {first_target}, c, p.sink, out);
-  *forward_tokens += int64_t(ids.size()) - 1;
-  return out[0];
-}
-
 }  // namespace
 
 std::vector<double> window_token_nll(const Model& m, const std::vector<int64_t>& ids, int first_target,
                                      const KvCoder* coder, const CachePolicy& policy) {
-  int64_t fwd = 0;
   if (ids.size() >= 2 && (first_target < 1 || size_t(first_target) >= ids.size()))
     throw Error("", "first_target", std::to_string(first_target) + " is not in [1, " + std::to_string(ids.size()) + ")");
-  return window_nll_impl(m, ids, first_target, coder, policy, 16384, &fwd);
+  check_window(m, ids.size(), first_target, policy);
+  std::vector<std::vector<double>> out;
+  window_batch(m, {&ids}, {first_target}, coder, policy, out);
+  return out[0];
 }
 
 double PplResult::ppl() const { return std::exp(nll()); }
@@ -273,26 +154,21 @@ PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, c
     for (double x : v) r.nll_sum += x;
     r.tokens += int64_t(v.size());
   };
-  const bool mixed = coder && o.policy.recent > 0;
   const int64_t per = std::max<int64_t>(1, o.max_batch_tokens / W);
   for (size_t i = 0; i < wins.size();) {
-    if (mixed) {
-      add(window_nll_impl(m, wins[i].ids, wins[i].first, coder, o.policy, o.max_batch_tokens, &r.forward_tokens));
-      ++i;
-    } else {
-      std::vector<const std::vector<int64_t>*> batch;
-      std::vector<int> firsts;
-      for (size_t j = i; j < wins.size() && int64_t(batch.size()) < per && wins[j].ids.size() == wins[i].ids.size(); ++j) {
-        batch.push_back(&wins[j].ids);
-        firsts.push_back(wins[j].first);
-      }
-      check_window(m, wins[i].ids.size(), wins[i].first, o.policy);
-      std::vector<std::vector<double>> out;
-      plain_batch(m, batch, firsts, coder, o.policy.sink, out);
-      for (const auto& v : out) add(v);
-      r.forward_tokens += int64_t(batch.size()) * int64_t(wins[i].ids.size() - 1);
-      i += batch.size();
+    std::vector<const std::vector<int64_t>*> batch;
+    std::vector<int> firsts;
+    for (size_t j = i; j < wins.size() && int64_t(batch.size()) < per && wins[j].ids.size() == wins[i].ids.size(); ++j) {
+      batch.push_back(&wins[j].ids);
+      firsts.push_back(wins[j].first);
     }
+    check_window(m, wins[i].ids.size(), wins[i].first, o.policy);
+    std::vector<std::vector<double>> out;
+    window_batch(m, batch, firsts, coder, o.policy, out);
+    for (const auto& v : out) add(v);
+    r.forward_tokens += int64_t(batch.size()) * int64_t(wins[i].ids.size() - 1);
+    ++r.forwards;
+    i += batch.size();
     prog.update(int64_t(i), r.tokens);
   }
   prog.finish();

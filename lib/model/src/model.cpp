@@ -136,6 +136,8 @@ struct Workspace {
   at::Tensor h, qkv, q, k, v, attn, gate_up, act;  // per token
   at::Tensor qh, kh, vh, scores, probs, out;       // attention, per chunk of windows
   at::Tensor mask_diag;                            // [tb*G, tb] additive causal mask
+  // Protected cache only (ensure_protected): the coded K/V beside the full ones.
+  at::Tensor kq, vq, khq, vhq, scores_q, probs_q;
   at::Tensor moe_x, moe_gate_up, moe_act, moe_out;  // MoE: the rows routed to one expert
   int64_t batch = 0, seq = 0, chunk = 1, tb = 1;
 
@@ -178,6 +180,16 @@ struct Workspace {
                     .unsqueeze(1)
                     .expand({tb, G, tb})
                     .reshape({tb * G, tb});
+  }
+
+  void ensure_protected() {
+    if (kq.defined()) return;
+    kq = at::empty_like(k);
+    vq = at::empty_like(v);
+    khq = at::empty_like(kh);
+    vhq = at::empty_like(vh);
+    scores_q = at::empty_like(scores);
+    probs_q = at::empty_like(probs);
   }
 };
 
@@ -261,6 +273,97 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_
   }
 }
 
+// attention() with a protected cache (see ProtectedKv): ws.kq, ws.vq hold the coded K (post-RoPE)
+// and V. Pair (i, j) reads the coded side when sink <= j <= i - recent, else the full one. Per
+// query block the full scores cover its keys k0..t1-1 as in attention(); the coded ones only the
+// keys some row of the block reads coded, [c0, c1). The selected scores go through one softmax;
+// the probabilities of coded pairs move to a second matrix, so that the output is
+// P_full·V + P_coded·V_coded. A block without coded pairs is attention()'s block, unchanged.
+void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, int64_t sink,
+                         int64_t recent) {
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
+  const double scale = 1.0 / std::sqrt(double(d));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, d});
+  const at::Tensor kq4 = ws.kq.view({B, T, Hk, d}), vq4 = ws.vq.view({B, T, Hk, d});
+  at::Tensor attn5 = ws.attn.view({B, T, Hk, G, d});
+  for (int64_t b0 = 0; b0 < B; b0 += ws.chunk) {
+    const int64_t nb = std::min(ws.chunk, B - b0), n = nb * Hk;
+    at::Tensor qh = ws.qh.narrow(0, 0, n), kh = ws.kh.narrow(0, 0, n), vh = ws.vh.narrow(0, 0, n);
+    at::Tensor khq = ws.khq.narrow(0, 0, n), vhq = ws.vhq.narrow(0, 0, n);
+    qh.view({nb, Hk, T, G, d}).copy_(q5.narrow(0, b0, nb).permute({0, 2, 1, 3, 4}));
+    qh.mul_(scale);
+    kh.view({nb, Hk, T, d}).copy_(k4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    vh.view({nb, Hk, T, d}).copy_(v4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    khq.view({nb, Hk, T, d}).copy_(kq4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    vhq.view({nb, Hk, T, d}).copy_(vq4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    for (int64_t t0 = 0; t0 < T; t0 += ws.tb) {
+      const int64_t len = std::min(ws.tb, T - t0), t1 = t0 + len, rows = len * G;
+      const bool windowed = window > 0 && t1 - 1 >= window;
+      const int64_t k0 = windowed ? std::max<int64_t>(0, t0 - window + 1) : 0, nk = t1 - k0;
+      // Row i reads j coded for sink <= j <= i - recent: over the block, j in [c0, c1).
+      const int64_t c0 = std::max(k0, sink), c1 = t1 - recent, nc = c1 - c0;
+      at::Tensor s = ws.scores.narrow(0, 0, n * rows * nk).view({n, rows, nk});
+      at::Tensor p = ws.probs.narrow(0, 0, n * rows * nk).view({n, rows, nk});
+      at::Tensor o = ws.out.narrow(0, 0, n * rows * d).view({n, rows, d});
+      at::bmm_out(s, qh.narrow(1, t0 * G, rows), kh.narrow(1, k0, nk).transpose(1, 2));
+      if (nc <= 0) {  // every pair of the block is full precision
+        if (windowed)
+          mask_window(s, t0, k0, G, window);
+        else
+          s.narrow(2, t0, len).add_(ws.mask_diag.narrow(0, 0, rows).narrow(1, 0, len));
+        at::softmax_out(p, s, -1);
+        at::bmm_out(o, p, vh.narrow(1, k0, nk));
+      } else {
+        at::Tensor sq = ws.scores_q.narrow(0, 0, n * rows * nc).view({n, rows, nc});
+        at::Tensor pq = ws.probs_q.narrow(0, 0, n * rows * nc).view({n, rows, nc});
+        at::bmm_out(sq, qh.narrow(1, t0 * G, rows), khq.narrow(1, c0, nc).transpose(1, 2));
+        float* sp = s.data_ptr<float>();
+        const float* sqp = sq.data_ptr<float>();
+        const int64_t grain = std::max<int64_t>(1, 16384 / nk);
+        // Columns of row i: valid (causal, sliding) keys [lo, hi); coded among them [lo_c, hi_c).
+        auto bounds = [&](int64_t nr, int64_t& lo, int64_t& hi, int64_t& lo_c, int64_t& hi_c) {
+          const int64_t i = t0 + (nr % rows) / G;
+          lo = window > 0 ? std::max<int64_t>(0, i - window + 1 - k0) : 0;
+          hi = std::min<int64_t>(nk, i - k0 + 1);
+          lo_c = std::max(lo, sink - k0);
+          hi_c = std::min(hi, i - recent + 1 - k0);
+        };
+        at::parallel_for(0, n * rows, grain, [&](int64_t begin, int64_t end) {
+          for (int64_t nr = begin; nr < end; ++nr) {
+            int64_t lo, hi, lo_c, hi_c;
+            bounds(nr, lo, hi, lo_c, hi_c);
+            float* row = sp + nr * nk;
+            const float* rq = sqp + nr * nc + (k0 - c0);  // indexed by the same column as row
+            std::fill(row, row + lo, ninf);
+            std::fill(row + std::max(lo, hi), row + nk, ninf);
+            for (int64_t col = lo_c; col < hi_c; ++col) row[col] = rq[col];
+          }
+        });
+        at::softmax_out(p, s, -1);
+        float* pp = p.data_ptr<float>();
+        float* pqp = pq.data_ptr<float>();
+        at::parallel_for(0, n * rows, grain, [&](int64_t begin, int64_t end) {
+          for (int64_t nr = begin; nr < end; ++nr) {
+            int64_t lo, hi, lo_c, hi_c;
+            bounds(nr, lo, hi, lo_c, hi_c);
+            float* row = pp + nr * nk;
+            float* rq = pqp + nr * nc + (k0 - c0);
+            std::fill(rq + (c0 - k0), rq + (c1 - k0), 0.f);
+            for (int64_t col = lo_c; col < hi_c; ++col) {
+              rq[col] = row[col];
+              row[col] = 0.f;
+            }
+          }
+        });
+        at::bmm_out(o, p, vh.narrow(1, k0, nk));
+        o.baddbmm_(pq, vhq.narrow(1, c0, nc));
+      }
+      attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, d}).permute({0, 2, 1, 3, 4}));
+    }
+  }
+}
+
 // x += Σ_kept p_e · SwiGLU_e(ws.h) for the top-k experts of each token (router softmax in fp32).
 // Only chosen experts run: the tokens routed to expert e are gathered, one GEMM chain per expert,
 // scaled by their weights and added back in expert order. Top-k ties go to the lower expert index
@@ -335,8 +438,11 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
   const RopeTable rope = make_rope_table(positions.data(), int(T), rope_params(c, opts.pos0 + T), false);
   const int64_t H = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim, I = c.intermediate_size;
   const int64_t qd = H * d, kvd = Hk * d;
+  if (opts.protected_kv && (opts.protected_kv->sink < 0 || opts.protected_kv->recent < 0))
+    throw Error(path_, opts.protected_kv->sink < 0 ? "sink" : "recent", "must be >= 0");
   WorkspaceLease lease(*w_, c, B, T);
   Workspace& ws = lease.get();
+  if (opts.protected_kv) ws.ensure_protected();
 
   at::Tensor x = at::index_select(w_->embed, 0, ids.view({N}));  // [N, D] residual stream, a fresh copy
   for (int l = 0; l < c.n_layers; ++l) {
@@ -380,9 +486,27 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
       kv.positions = positions.data();
       opts.kv_transform->apply(kv);
     }
+    if (opts.protected_kv) {
+      ws.kq.copy_(ws.k);
+      ws.vq.copy_(ws.v);
+      LayerKv kv;
+      kv.layer = l;
+      kv.batch = int(B);
+      kv.seq = int(T);
+      kv.n_kv_heads = int(Hk);
+      kv.head_dim = int(d);
+      kv.k = ws.kq.data_ptr<float>();
+      kv.v = ws.vq.data_ptr<float>();
+      kv.positions = positions.data();
+      opts.protected_kv->code(kv);
+      rope_rows(ws.kq.data_ptr<float>(), B, int(T), Hk, int(d), rope, c.pairing, false);
+    }
     rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), rope, c.pairing, false);
     rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), rope, c.pairing, false);
-    attention(ws, B, T, c, c.window_of(l));
+    if (opts.protected_kv)
+      attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent);
+    else
+      attention(ws, B, T, c, c.window_of(l));
     if (L.bo.defined()) x.add_(L.bo);
     x.addmm_(ws.attn, L.wo.t());
 

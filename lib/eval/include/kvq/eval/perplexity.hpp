@@ -8,10 +8,10 @@
 //
 // Protected tokens (CachePolicy): for query i, key/value j (j <= i) is read in full precision when
 // j < sink or j > i - recent (the last `recent` cache entries, the query's own token included),
-// coded otherwise. "Recent" depends on the query, so with recent > 0 no single K per position is
-// right for every query; window_token_nll computes it exactly (see perplexity.cpp): each query's
-// attention reads precisely the mixed cache a decode loop would hold, and every token's K/V at
-// every layer is the one its own (mixed-cache) forward produced.
+// coded otherwise. "Recent" depends on the query, so no single K per position is right for every
+// query; the forward keeps both the full and the coded K/V and each (query, key) pair of the
+// attention reads the side the policy names (Model::ForwardOptions::protected_kv). That is exactly
+// the mixed cache a decode loop would hold, at the cost of one forward per window.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -36,7 +36,7 @@ struct PplOptions {
   int stride = 0;      // new tokens per window (1..window-1)
   int bos_id = 1;      // < 0: no BOS (the tokenizer adds none); the text's first token is not scored
   CachePolicy policy;
-  int64_t max_batch_tokens = 16384;  // windows per forward (plain cache) = this / window
+  int64_t max_batch_tokens = 16384;  // windows per forward = this / window
   bool quiet = false;                // no progress line
   std::string label;                 // progress label
 };
@@ -45,7 +45,8 @@ struct PplResult {
   double nll_sum = 0;        // nats over all scored tokens
   int64_t tokens = 0;        // scored tokens (= text tokens: each is scored exactly once)
   int64_t windows = 0;
-  int64_t forward_tokens = 0;  // tokens pushed through the forward (cost of the exact protected path)
+  int64_t forward_tokens = 0;  // tokens pushed through the forward: each window's once, any policy
+  int64_t forwards = 0;        // Model::forward calls (batches of windows)
   double seconds = 0;
   double nll() const { return tokens ? nll_sum / double(tokens) : 0.0; }
   double ppl() const;

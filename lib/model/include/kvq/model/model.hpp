@@ -11,6 +11,22 @@ namespace kvq {
 
 struct ModelWeights;  // defined in src/
 
+// A protected KV cache in one forward. For query i, key/value j <= i is read in full precision
+// when j < sink or j > i - recent (the last `recent` entries, the query's own token included) and
+// coded otherwise -- what a decode loop's cache holds when every token is coded once, as written,
+// and the sink and recent tokens are kept beside. At every layer the forward hands `code` a copy of
+// the layer's pre-RoPE K/V (after any kv_transform) to code in place, ropes both, and each
+// (query, key) pair of the attention takes its score and its value from the side the policy names.
+// Each query's hidden state is then exactly its decode step's, layer by layer, so one forward is
+// exact. Tokens before `sink` are never read coded: `code` may leave them as they are.
+class ProtectedKv {
+ public:
+  virtual ~ProtectedKv() = default;
+  virtual void code(LayerKv& kv) = 0;
+  int sink = 0;
+  int recent = 0;
+};
+
 // A Llama-family decoder (Llama, Mistral, Qwen2, llama2.c) in LibTorch, inference only.
 class Model {
  public:
@@ -30,6 +46,7 @@ class Model {
   struct ForwardOptions {
     CaptureObserver* observer = nullptr;
     KvTransform* kv_transform = nullptr;
+    ProtectedKv* protected_kv = nullptr;  // null: one K/V per position (the plain paths)
     bool logits = true;     // false: skip final norm + lm_head (capture-only passes)
     int64_t pos0 = 0;       // position of the first token
   };
