@@ -239,7 +239,7 @@ TEST(CobraReference, OracleSumsAsNumpy) {
 //   int(10.29) = 10, int(12.34) = 12: the lost bit is never given back (drift -1).
 // Round 1, B = (13, 10, 12):
 //   H0 at 13: b = 6, 3, 2 for ranks 2, 4, 6 -> (6, 2), 13 // 2 = 6 -> r = 6, D = 1/12.
-//   H1 at 10: ranks 2, 4 (10 // 2 = 5 caps the grid): D(2,5) > 2, D(4,2) = 4/192 = 1/48 ->
+//   H1 at 10: ranks 2, 4 (10 // 2 = 5 caps the grid): D(2,5) = 1 + 3/12288, D(4,2) = 1/48 ->
 //       C1 says (4, 2), but r is re-derived as 10 // 2 = 5: D(5,2) = 0 + 4/192 = 1/48.
 //   H2 at 12: 1/32. mean = (8 + 2 + 3)/96 / 3 = 13/288.
 //   steps: int(12 (sqrt(24/13) - 1) 0.3) = int(1.29) = 1; int(12 (sqrt(6/13) - 1) 0.3) =
@@ -339,6 +339,26 @@ TEST(CobraReference, RandomPanelsMatchOracle) {
         }
     }
   EXPECT_EQ(cases, 110);
+}
+
+TEST(CobraReference, RoundsAndDampingAreHonoured) {
+  std::mt19937_64 rng(99);
+  std::vector<std::vector<double>> spec;
+  for (int h = 0; h < 40; ++h) spec.push_back(random_spectrum(rng, 128));
+  for (int rounds : {0, 1, 3, 8})
+    for (double damping : {0.1, 0.3, 0.75}) {
+      DampedOptions o;
+      o.rounds = rounds;
+      o.damping = damping;
+      RefResult want = ref_allocate(spec, 2.0, 128, true, rounds, damping);
+      C2Result got = cobra_c2_reference(spec, 256, CobraModel{}, o);
+      expect_same(want, got, "rounds " + std::to_string(rounds) + " damping " + std::to_string(damping));
+    }
+  // No rounds: the reference's V side (uniform budgets, C1 at int(bpd * d) each).
+  DampedOptions none;
+  none.rounds = 0;
+  C2Result v = cobra_c2_reference(spec, 256, CobraModel{}, none);
+  EXPECT_EQ(v.budgets, std::vector<int64_t>(40, 256));
 }
 
 TEST(CobraReference, AllocateRecordsTheMode) {
