@@ -27,6 +27,12 @@ int main(int argc, char** argv) {
   app.add_option("--v-bpd", o.v_bpd, "V budget in bits per dimension (default: --bpd, rounded up for uniform)");
   kvq::cli::add_out(app, o.out, "output allocation file (.kvqalloc.h5), written atomically");
   app.add_option("--manifest", o.manifest_json, "also write the JSON manifest (schemas/allocation-manifest.schema.json)");
+  bool no_norm_correction = false;
+  app.add_flag("--no-norm-correction", no_norm_correction,
+               "TQ groups decode rho * Pi^T c (allocation version 1's codec) instead of rho * Pi^T c/||c||");
+  app.add_option("--rotate-below", o.rotate_below,
+                 "TQ groups narrower than W bits are coded without rotation (0: rotate all; the Block-GTQ reference: 3)")
+      ->default_val(o.rotate_below);
   app.add_option("--seed", o.seed, "base seed of every rotation and Hadamard sign pattern")->default_val(o.seed);
   auto* g = app.add_option_group("Block-GTQ");
   g->add_option("--b-min", o.b_min, "smallest width per RoPE block")->default_val(o.b_min)->check(CLI::Range(1, 8));
@@ -57,6 +63,7 @@ int main(int argc, char** argv) {
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {
+    o.norm_correction = !no_norm_correction;
     o.method = kvq::allocation_method_from_flag("--method", method, kvq::Side::kK);
     // layer-precision decides K and V of a layer together: --v-method follows unless given.
     if (o.method == kvq::Method::kLayerPrecision && v_method_opt->count() == 0) v_method = method;

@@ -51,6 +51,19 @@ inline HeadDecision tq_blocks(int d, const std::vector<int>& widths) {
   return dec;
 }
 
+// The same TQ decision decoding with norm correction (allocation version 2).
+inline HeadDecision norm_corrected(HeadDecision dec) {
+  dec.norm_correction = true;
+  return dec;
+}
+
+// The same TQ decision with groups narrower than `below` bits unrotated (--rotate-below).
+inline HeadDecision rotate_below(HeadDecision dec, int below) {
+  for (TqGroup& g : dec.groups)
+    if (g.bits < below) g.rotation = TqRotation::kIdentity;
+  return dec;
+}
+
 // Orthonormal basis from a seeded Gaussian (Gram-Schmidt), [d][r] row-major.
 inline std::vector<float> random_basis(int d, int r, uint64_t seed) {
   Rng rng(seed);

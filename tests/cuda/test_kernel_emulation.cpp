@@ -45,6 +45,10 @@ TEST(KernelEmulation, DecodersMatchCpuReference) {
         {"lrh", t::with_mean(t::lrh(d, std::max(1, d * 3 / 4 - 1), 5))},
         {"kiviK", t::kivi(Side::kK, 3)},
         {"kiviV", t::kivi(Side::kV, 7)},
+        {"tq1nc", t::norm_corrected(t::tq_uniform(d, 1))},
+        {"tq3nc", t::norm_corrected(t::tq_uniform(d, 3))},
+        {"gtqnc", t::norm_corrected(t::tq_blocks(d, {1, 4, 8, 2}))},
+        {"gtqnc_rot3", t::rotate_below(t::norm_corrected(t::tq_blocks(d, {1, 4, 8, 2})), 3)},
     };
     for (const auto& [name, dec] : decs) {
       HeadCodec c(dec, d);
@@ -63,8 +67,24 @@ TEST(KernelEmulation, DecodersMatchCpuReference) {
         latent_kernel(&h, packed.data(), n, lat_emu.data(), codes_emu.data());
       });
       EXPECT_EQ(codes_cpu, codes_emu) << name << " d=" << d;
+      // Norm correction: ||c||^2 in float here, in double on the CPU (see test_cuda_codec.cpp).
+      const double lat_tol = dec.norm_correction ? 1e-5 : 1e-6;
       for (size_t i = 0; i < lat_cpu.size(); ++i)
-        ASSERT_NEAR(lat_emu[i], lat_cpu[i], 1e-6 * (1 + std::fabs(lat_cpu[i]))) << name << " d=" << d << " i=" << i;
+        ASSERT_NEAR(lat_emu[i], lat_cpu[i], lat_tol * (1 + std::fabs(lat_cpu[i]))) << name << " d=" << d << " i=" << i;
+      // The decode_kernel path (decode_latent_tile: one warp per token and group) gives the same
+      // latents as latent_value's per-element path.
+      if (dec.norm_correction) {
+        std::vector<float> tile(static_cast<size_t>(kDecodeTile) * cd, NAN);
+        const int nt = std::min(n, kDecodeTile);
+        kvq_emu::launch({1, 1, 1}, kThreads, 0,
+                        [&] { decode_latent_tile(h, packed.data(), 0, nt, tile.data(), static_cast<int>(cd)); });
+        for (size_t i = 0; i < static_cast<size_t>(nt) * cd; ++i)
+          ASSERT_NEAR(tile[i], lat_cpu[i], lat_tol * (1 + std::fabs(lat_cpu[i]))) << name << " tile d=" << d << " i=" << i;
+        // Codes do not depend on the setting: the same input encodes to the same bytes.
+        HeadDecision plain = dec;
+        plain.norm_correction = false;
+        EXPECT_EQ(HeadCodec(plain, d).encode(x.data(), n), packed) << name << " d=" << d;
+      }
 
       std::vector<float> y_cpu(static_cast<size_t>(n) * d), y_emu(y_cpu.size(), NAN);
       c.decode(packed.data(), n, y_cpu.data());
@@ -175,6 +195,11 @@ TEST(KernelEmulation, FusedAttentionMatchesCpuReference) {
        [](int) { return t::kivi(Side::kV, 4); }, true, false, false, 37},
       {"window_1_of_70_latent", 32, 4, 2, 70, 8, [](int) { return t::tq_blocks(32, {2, 3, 4}); },
        [](int h) { return t::with_mean(t::lrh(32, 20 - 8 * h, 4, 8 + h, Side::kV)); }, false, false, false, 1},
+      {"tq_nc_k_tq_nc_v_latent", 64, 8, 2, 150, 4, [](int) { return t::norm_corrected(t::tq_blocks(64, {2, 3, 4})); },
+       [](int h) { return t::norm_corrected(t::tq_uniform(64, 3, 9 + h, Side::kV)); }, false, false},
+      {"tq_nc_pre_rope", 32, 4, 2, 77, 3,
+       [](int) { HeadDecision x = t::norm_corrected(t::tq_uniform(32, 2)); x.post_rope = false; return x; },
+       [](int) { return t::norm_corrected(t::tq_uniform(32, 1, 9, Side::kV)); }, true, false},
       {"window_wider_than_cache", 16, 2, 1, 33, 1, [](int) { return t::kivi(Side::kK, 3); },
        [](int) { return t::kivi(Side::kV, 2); }, false, false, false, 500},
   };

@@ -24,7 +24,7 @@ TEST(Golden, FilesAreUnchanged) {
     EXPECT_EQ(sha256_file(golden(name)), sha) << name << " was modified: golden files are never rewritten";
     ++n;
   }
-  EXPECT_EQ(n, 5);
+  EXPECT_EQ(n, 6);
 }
 
 TEST(Golden, CalibrationV1) {
@@ -141,4 +141,37 @@ TEST(Golden, AllocationsV1) {
       EXPECT_EQ(h.basis.size(), size_t(64 * h.rank));
     }
   EXPECT_EQ(used, 4 * 2 * 64 * 2) << "exact C2 spends the budget exactly";
+  // Version 1 predates norm correction and unrotated groups: it decodes as it always did.
+  for (const AllocFile* a : {&bg, &dp})
+    for (const auto& h : a->heads) {
+      EXPECT_FALSE(h.norm_correction);
+      for (const auto& g : h.groups) EXPECT_EQ(g.rotation, TqRotation::kHaar);
+    }
+}
+
+// Allocation v2 (scripts/make-golden: block-gtq at 3 bpd, --rotate-below 3): norm correction on
+// every TQ head, groups below 3 bits unrotated, the rest Haar; same budget facts as v1.
+TEST(Golden, AllocationV2) {
+  CalibFile c = read_calib(golden("calib-v3.kvqcal.h5"), false);
+  AllocFile a = read_alloc(golden("block-gtq-v2.kvqalloc.h5"));
+  check_alloc_matches(a, "block-gtq-v2", c, "calib-v3");
+  EXPECT_EQ(alloc_version_for(a), 2);
+  EXPECT_EQ(a.method, "block-gtq");
+  int identity = 0, haar = 0;
+  for (const auto& h : a.heads) {
+    ASSERT_EQ(h.kind, CodingKind::kTqGroups);
+    EXPECT_TRUE(h.norm_correction);
+    for (const auto& g : h.groups) {
+      EXPECT_EQ(g.rotation, g.bits < 3 ? TqRotation::kIdentity : TqRotation::kHaar) << g.bits;
+      (g.rotation == TqRotation::kIdentity ? identity : haar)++;
+    }
+    if (h.side != Side::kK) continue;
+    int sum = 0;
+    for (int b : h.block_bits) sum += b;
+    EXPECT_EQ(sum, 32 * 3) << "floor(n_b * 3) block-bits";
+  }
+  EXPECT_GT(identity, 0);
+  EXPECT_GT(haar, 0);
+  // Written again, the file says the same (a v2 reader and writer agree).
+  EXPECT_EQ(alloc_manifest(a)["norm_correction"], true);
 }

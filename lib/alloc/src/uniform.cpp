@@ -62,6 +62,7 @@ std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& s
                       (remedy.empty() ? "" : " (" + remedy + ")"));
     if (method == Method::kUniform) {
       Allocation a = allocate_uniform(shape, side, bpd);
+      for (HeadDecision& h : a.heads) h.norm_correction = true;  // as kvq-allocate writes TQ heads by default
       out.insert(out.end(), a.heads.begin(), a.heads.end());
       continue;
     }

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
+#include <string>
 #include <cmath>
+#include <map>
 #include <mutex>
 
 #include "kvq/util/error.hpp"
@@ -121,7 +124,123 @@ void check_bits(int bits, const char* what) {
     throw Error("", what, "bits must be in 1..8, got " + std::to_string(bits));
 }
 
+// ---- the unit-sphere coordinate law (lloyd_max_sphere) ----------------------------------------
+// With x = sin(theta), (1 - x^2)^((m-3)/2) dx = cos^n(theta) dtheta, n = m - 2 >= 0.
+
+// C_n(t) = integral of cos^n over [0, t], |t| <= pi/2 (odd in t), by the reduction formula
+// C_k = cos^(k-1) sin / k + (k-1)/k C_(k-2) from C_0 = t, C_1 = sin t (all terms >= 0: stable).
+double cos_pow_integral(int n, double t) {
+  const double sign = t < 0 ? -1.0 : 1.0;
+  t = std::fabs(t);
+  const double c = std::cos(t), s = std::sin(t);
+  double f = n % 2 == 0 ? t : s;
+  double cpow = n % 2 == 0 ? c : c * c;  // cos^(k-1) for the first k
+  for (int k = n % 2 == 0 ? 2 : 3; k <= n; k += 2) {
+    f = cpow * s / k + (k - 1.0) / k * f;
+    cpow *= c * c;
+  }
+  return sign * f;
+}
+
+// Unnormalised moments of the law on [a, b] (-1 <= a < b <= 1), as Moments above.
+Moments sphere_moments(int n, double a, double b) {
+  const double ta = std::asin(std::clamp(a, -1.0, 1.0)), tb = std::asin(std::clamp(b, -1.0, 1.0));
+  const double i0 = cos_pow_integral(n, tb) - cos_pow_integral(n, ta);
+  const double i1 = (std::pow(std::cos(ta), n + 1) - std::pow(std::cos(tb), n + 1)) / (n + 1);
+  const double i2 = i0 - (cos_pow_integral(n + 2, tb) - cos_pow_integral(n + 2, ta));  // sin^2 = 1 - cos^2
+  return {i0, i1, i2};
+}
+
+LloydMaxCodebook compute_lloyd_max_sphere(int bits, int m) {
+  const int n = m - 2;
+  const size_t half = size_t{1} << (bits - 1);
+  const double z_half = cos_pow_integral(n, 0.5 * M_PI);  // mass of [0, 1], unnormalised
+  // Start at the law's own quantiles of the positive half (cells of equal mass).
+  std::vector<double> c(half), next(half), step(half);
+  for (size_t i = 0; i < half; ++i) {
+    const double target = z_half * (static_cast<double>(i) + 0.5) / half;
+    double lo = 0.0, hi = 1.0;
+    for (int k = 0; k < 100; ++k) {
+      const double mid = 0.5 * (lo + hi);
+      if (cos_pow_integral(n, std::asin(mid)) < target) lo = mid; else hi = mid;
+    }
+    c[i] = 0.5 * (lo + hi);
+  }
+  auto cell = [&](const std::vector<double>& v, size_t i) {
+    const double a = i == 0 ? 0.0 : 0.5 * (v[i - 1] + v[i]);
+    const double b = i + 1 == half ? 1.0 : 0.5 * (v[i] + v[i + 1]);
+    return std::make_pair(a, b);
+  };
+  // Lloyd with the Aitken extrapolation of the Gaussian table, taken only when it keeps the
+  // centroids strictly increasing inside (0, 1) (near x = 1 the law's mass is thin and an
+  // overshoot would empty a cell). Stops when no centroid moves by 1e-12 or after 10^6 steps
+  // (asin loses digits next to 1, so the last moves can stall above the tolerance).
+  std::vector<double> trial(half);
+  int it = 0;
+  double prev = 0.0;
+  for (; it < 1000000; ++it) {
+    double delta = 0.0;
+    for (size_t i = 0; i < half; ++i) {
+      const auto [a, b] = cell(c, i);
+      const Moments mo = sphere_moments(n, a, b);
+      next[i] = mo.i0 > 0.0 ? mo.i1 / mo.i0 : c[i];
+      step[i] = next[i] - c[i];
+      delta = std::max(delta, std::fabs(step[i]));
+    }
+    c.swap(next);
+    if (delta < 1e-12) break;
+    if (it % 8 == 7 && prev > 0.0) {
+      const double r = delta / prev;
+      if (r > 0.0 && r < 0.9999) {
+        const double f = r / (1.0 - r);
+        bool ok = true;
+        for (size_t i = 0; i < half && ok; ++i) {
+          trial[i] = c[i] + f * step[i];
+          ok = trial[i] > (i == 0 ? 0.0 : trial[i - 1]) && trial[i] < 1.0;
+        }
+        if (ok) c.swap(trial);
+      }
+    }
+    prev = delta;
+  }
+  LloydMaxCodebook cb;
+  cb.bits = bits;
+  cb.iterations = it + 1;
+  cb.centroids.resize(2 * half);
+  for (size_t i = 0; i < half; ++i) {
+    cb.centroids[half + i] = c[i];
+    cb.centroids[half - 1 - i] = -c[i];
+  }
+  cb.thresholds.resize(2 * half - 1);
+  for (size_t i = 0; i + 1 < 2 * half; ++i) cb.thresholds[i] = 0.5 * (cb.centroids[i] + cb.centroids[i + 1]);
+  double mse = 0.0;
+  for (size_t i = 0; i < half; ++i) {
+    const auto [a, b] = cell(c, i);
+    const Moments mo = sphere_moments(n, a, b);
+    mse += mo.i2 - 2.0 * c[i] * mo.i1 + c[i] * c[i] * mo.i0;
+  }
+  cb.mse = m * mse / z_half;  // both halves over the whole mass 2 z_half, times m
+  return cb;
+}
+
 }  // namespace
+
+const LloydMaxCodebook& lloyd_max_sphere(int bits, int m) {
+  check_bits(bits, "lloyd_max_sphere");
+  if (m < 2 || m > kSphereExactMaxM)
+    throw Error("", "lloyd_max_sphere", "m must be in 2.." + std::to_string(kSphereExactMaxM) + ", got " + std::to_string(m));
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, std::unique_ptr<LloydMaxCodebook>> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find({m, bits});
+    if (it != cache.end()) return *it->second;
+  }
+  auto cb = std::make_unique<LloydMaxCodebook>(compute_lloyd_max_sphere(bits, m));  // outside the lock
+  std::lock_guard<std::mutex> lock(mu);
+  auto [it, inserted] = cache.emplace(std::make_pair(m, bits), std::move(cb));
+  return *it->second;  // a racing duplicate is identical and dropped
+}
 
 const LloydMaxCodebook& lloyd_max_gaussian(int bits) {
   check_bits(bits, "lloyd_max_gaussian");

@@ -49,7 +49,7 @@ HeadCodec::HeadCodec(const HeadDecision& dec, int head_dim)
         t.bits = g.bits;
         t.latent_offset = off;
         const int m = static_cast<int>(g.dims.size());
-        t.rotation = haar_rotation(g.rotation_seed, m);
+        t.rotation = g.rotation == TqRotation::kIdentity ? identity_rotation(m) : haar_rotation(g.rotation_seed, m);
         ScaledCodebook cb = scaled_codebook(g.bits, m);
         t.centroids = std::move(cb.centroids);
         t.thresholds = std::move(cb.thresholds);
@@ -349,8 +349,20 @@ void HeadCodec::decode_latent(const uint8_t* packed, int n_tokens, float* latent
           const float rho = f16_to_f32(layout::load_u16le(block + 2 * g));
           const float* cent = groups_[g].centroids.data();
           float* dst = lt + groups_[g].latent_offset;
+          if (!dec_.norm_correction) {
+            for_each_code(block + layout_.meta_bytes, lg.code_bit_offset, lg.bits, lg.dim, end,
+                          [&](uint32_t j, uint32_t c) { dst[j] = rho * cent[c]; });
+            continue;
+          }
+          // rho~ / ||c|| with ||c|| summed in double; no centroid is 0, so ||c|| > 0.
+          double n2 = 0.0;
           for_each_code(block + layout_.meta_bytes, lg.code_bit_offset, lg.bits, lg.dim, end,
-                        [&](uint32_t j, uint32_t c) { dst[j] = rho * cent[c]; });
+                        [&](uint32_t j, uint32_t c) {
+                          dst[j] = cent[c];
+                          n2 += static_cast<double>(cent[c]) * cent[c];
+                        });
+          const float s = n2 > 0.0 ? static_cast<float>(rho / std::sqrt(n2)) : 0.f;
+          for (uint32_t j = 0; j < lg.dim; ++j) dst[j] *= s;
         }
       }
       return;

@@ -81,4 +81,20 @@ std::shared_ptr<const Rotation> haar_rotation(uint64_t seed, int m) {
   return it->second;
 }
 
+std::shared_ptr<const Rotation> identity_rotation(int m) {
+  static std::mutex mu;
+  static std::map<int, std::shared_ptr<const Rotation>> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = cache[m];
+  if (!slot) {
+    auto rot = std::make_shared<Rotation>();
+    rot->m = m;
+    rot->matrix.assign(static_cast<size_t>(m) * m, 0.f);
+    for (int i = 0; i < m; ++i) rot->matrix[static_cast<size_t>(i) * m + i] = 1.f;
+    rot->transpose = rot->matrix;
+    slot = std::move(rot);
+  }
+  return slot;
+}
+
 }  // namespace kvq::codec

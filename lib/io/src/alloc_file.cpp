@@ -53,16 +53,38 @@ static MinifloatFormat minifloat_from(const std::string& file, const std::string
   throw Error(file, where + ".format", "unknown minifloat format '" + s + "' (valid: fp8, nvfp4)");
 }
 
+// The allocation's one TQ setting: every TQ head must carry the same (the manifest stores it once).
+static bool tq_norm_correction(const AllocFile& a) {
+  const HeadDecision* first = nullptr;
+  for (const auto& h : a.heads) {
+    if (h.kind != CodingKind::kTqGroups) continue;
+    if (!first) first = &h;
+    if (h.norm_correction != first->norm_correction)
+      throw Error("", "heads[].norm_correction",
+                  decision_name(h) + " differs from " + decision_name(*first) + " (one value per allocation)");
+  }
+  return first && first->norm_correction;
+}
+
+static const char* rotation_name(TqRotation r) { return r == TqRotation::kIdentity ? "identity" : "haar"; }
+
 int64_t alloc_version_for(const AllocFile& a) {
-  for (const auto& h : a.heads)
-    if (h.kind == CodingKind::kMinifloat) return kAllocMinifloatVersion;
-  return kAllocOldestVersion;
+  int64_t v = kAllocOldestVersion;
+  for (const auto& h : a.heads) {
+    if (h.kind == CodingKind::kMinifloat) v = std::max(v, kAllocMinifloatVersion);
+    for (const auto& g : h.groups)
+      if (g.rotation != TqRotation::kHaar) v = std::max(v, kAllocGroupRotationVersion);
+  }
+  if (tq_norm_correction(a)) v = std::max(v, kAllocNormCorrectionVersion);
+  return v;
 }
 
 json alloc_manifest(const AllocFile& a) {
   json m;
   m["format"] = kAllocFormat;
-  m["version"] = alloc_version_for(a);
+  const int64_t version = alloc_version_for(a);
+  m["version"] = version;
+  if (version >= kAllocNormCorrectionVersion) m["norm_correction"] = tq_norm_correction(a);
   m["method"] = a.method;
   m["v_method"] = a.v_method;
   m["params"] = a.params.is_null() ? json::object() : a.params;
@@ -95,7 +117,11 @@ json alloc_manifest(const AllocFile& a) {
               {"post_rope", h.post_rope}};
     if (h.kind == CodingKind::kTqGroups) {
       json gs = json::array();
-      for (const auto& g : h.groups) gs.push_back({{"bits", g.bits}, {"dims", g.dims}, {"rotation_seed", g.rotation_seed}});
+      for (const auto& g : h.groups) {
+        json jg = {{"bits", g.bits}, {"dims", g.dims}, {"rotation_seed", g.rotation_seed}};
+        if (version >= kAllocGroupRotationVersion) jg["rotation"] = rotation_name(g.rotation);
+        gs.push_back(std::move(jg));
+      }
       j["groups"] = gs;
       if (!h.block_bits.empty()) j["block_bits"] = h.block_bits;
     } else if (h.kind == CodingKind::kLowRankHadamard) {
@@ -200,6 +226,17 @@ AllocFile read_alloc(const std::string& path) {
   } catch (const std::exception& e) {
     throw Error(path, "manifest." + field, "missing or wrong type");
   }
+  // Optional in version 2 (files written before it was recorded decode without); refused in 1.
+  bool norm_correction = false;
+  if (m.contains("norm_correction")) {
+    if (opened.header.version < kAllocNormCorrectionVersion)
+      throw Error(path, "manifest.norm_correction", "needs allocation version >= " +
+                                                        std::to_string(kAllocNormCorrectionVersion) +
+                                                        ", the file is version " + std::to_string(opened.header.version));
+    if (!m["norm_correction"].is_boolean())
+      throw Error(path, "manifest.norm_correction", "must be true or false, found " + m["norm_correction"].dump());
+    norm_correction = m["norm_correction"].get<bool>();
+  }
   const int d = a.calib.head_dim, L = a.calib.n_layers, H = a.calib.n_kv_heads;
   if (d < 2 || d > 4096 || L < 1 || L > 4096 || H < 1 || H > 4096)
     throw Error(path, "manifest.calibration", "implausible shape: head_dim " + std::to_string(d));
@@ -227,6 +264,15 @@ AllocFile read_alloc(const std::string& path) {
           tg.bits = g.at("bits").get<int>();
           tg.dims = g.at("dims").get<std::vector<int>>();
           tg.rotation_seed = g.at("rotation_seed").get<uint64_t>();
+          if (g.contains("rotation")) {  // version 2; absent = haar (version 1, and earlier version 2 files)
+            const std::string r = g["rotation"].is_string() ? g["rotation"].get<std::string>() : g["rotation"].dump();
+            if (opened.header.version < kAllocGroupRotationVersion)
+              throw Error(path, where + ".groups[].rotation",
+                          "needs allocation version >= " + std::to_string(kAllocGroupRotationVersion) +
+                              ", the file is version " + std::to_string(opened.header.version));
+            if (r == "identity") tg.rotation = TqRotation::kIdentity;
+            else if (r != "haar") throw Error(path, where + ".groups[].rotation", "unknown rotation '" + r + "' (valid: haar, identity)");
+          }
           if (tg.bits < 1 || tg.bits > 8) throw Error(path, where + ".groups[].bits", "out of 1..8: " + std::to_string(tg.bits));
           for (int x : tg.dims) {
             if (x < 0 || x >= d || seen[size_t(x)]++)
@@ -235,6 +281,7 @@ AllocFile read_alloc(const std::string& path) {
           h.groups.push_back(std::move(tg));
         }
         if (j.contains("block_bits")) h.block_bits = j["block_bits"].get<std::vector<int>>();
+        h.norm_correction = norm_correction;
       } else if (h.kind == CodingKind::kLowRankHadamard) {
         h.rank = j.at("rank").get<int>();
         h.bits = j.at("bits").get<int>();

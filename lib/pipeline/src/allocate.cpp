@@ -317,6 +317,8 @@ AllocFile run_allocate(const AllocateOptions& o) {
   if (o.out.empty()) throw Error("", "--out", "an output path is required");
   check_method("--method", o.method, Side::kK);
   check_method("--v-method", o.v_method, Side::kV);
+  if (o.rotate_below < 0 || o.rotate_below > 9)
+    throw Error("", "--rotate-below", "must be in 0..9 (bits; 0: rotate every group), got " + std::to_string(o.rotate_below));
   if (!(o.bpd > 0) || !std::isfinite(o.bpd)) throw Error("", "--bpd", "must be > 0, got " + std::to_string(o.bpd));
   const bool layer_precision = o.method == Method::kLayerPrecision;
   if (layer_precision != (o.v_method == Method::kLayerPrecision))
@@ -359,6 +361,8 @@ AllocFile run_allocate(const AllocateOptions& o) {
               {"b_min", o.b_min},
               {"b_max", o.b_max},
               {"exact_distortion", o.exact_distortion},
+              {"norm_correction", o.norm_correction},
+              {"rotate_below", o.rotate_below},
               {"rounds", o.rounds},
               {"damping", o.damping},
               {"floor_abs", o.floor_abs},
@@ -401,6 +405,12 @@ AllocFile run_allocate(const AllocateOptions& o) {
     a.summary = {{"k", summary_json(k.summary)}, {"v", summary_json(v.summary)}};
     a.k_distortion_before = k.summary.distortion_before;
     a.v_distortion_before = v.summary.distortion_before;
+  }
+  for (auto& h : a.heads) {
+    if (h.kind != CodingKind::kTqGroups) continue;
+    h.norm_correction = o.norm_correction;  // one codec setting per file (the file records it once)
+    for (auto& g : h.groups)
+      if (g.bits < o.rotate_below) g.rotation = TqRotation::kIdentity;
   }
   a.k_bpd_effective = side_effective_bpd(a.heads, Side::kK, sh.head_dim);
   a.v_bpd_effective = side_effective_bpd(a.heads, Side::kV, sh.head_dim);

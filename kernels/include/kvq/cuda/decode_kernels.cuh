@@ -56,6 +56,7 @@ DevHead make_dev_head(const codec::HeadCodec& c, Upload&& upload) {
       v.codebook = upload(cb);
       v.dims = upload(dims);
       v.group_of = upload(group_of);
+      v.norm_correction = c.decision().norm_correction ? 1u : 0u;
       break;
     }
     case CodingKind::kLowRankHadamard:

@@ -6,11 +6,12 @@
 //
 // Two domains per token:
 //   latent  what the codes mean before the linear back-transform (code_dim values): TQ rho~*c in
-//           rotated coordinates, low-rank the dequantized z, KIVI the decoded x itself;
+//           rotated coordinates (rho~/||c|| * c per group with norm correction), low-rank the dequantized z, KIVI the decoded x itself;
 //   x       the head vector: TQ x[dims] = Pi^T latent_g per group; low-rank x = mu + M^T z
 //           (M = H P D U_r^T, the Hadamard folded into the basis by the CPU codec); KIVI x = latent.
 // The attention kernel scores keys and accumulates values in the latent domain (q is moved into
 // it once), so a key costs O(code_dim) instead of a d x d back-rotation.
+#include <math.h>
 #include <stdint.h>
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
@@ -39,6 +40,7 @@ struct DevHead {
   const float* folded;                      // low-rank: M = H P D U_r^T, [r][d]
   const float* mean;                        // low-rank: [d]
   float step_unit;                          // low-rank: step*(b) / sqrt(r)
+  uint32_t norm_correction;                 // TQ: 1 = latent rho~ / ||c|| * c (HeadDecision)
 };
 
 // Copies a DevHead from global memory into shared memory (word by word), then synchronises.
@@ -50,7 +52,24 @@ __device__ inline void load_head(const DevHead* g, DevHead* s) {
   __syncthreads();
 }
 
-// Latent value k of token tok (not cooperative; any thread).
+// Norm correction's scale of TQ group g of a token (its block blk, code bits from tb):
+// rho~ / ||c||, ||c||^2 summed in float over the group's m centroids in order (the CPU sums in
+// double: values agree to float rounding, not bit for bit). Not cooperative, O(m).
+__device__ inline float tq_norm_scale(const DevHead& h, const uint8_t* blk, uint32_t tb, uint32_t g) {
+  const layout::LayoutGroup& G = h.L.groups[g];
+  const uint8_t* stream = blk + h.L.meta_bytes;
+  const float* cb = h.codebook + h.cb_off[g];
+  float n2 = 0.f;
+  for (uint32_t j = 0; j < G.dim; ++j) {
+    const float c = cb[layout::get_code(stream, tb + G.code_bit_offset + j * G.bits, G.bits)];
+    n2 += c * c;
+  }
+  const float rho = layout::f16_to_f32(layout::load_u16le(blk + 2 * g));
+  return n2 > 0.f ? rho / sqrtf(n2) : 0.f;
+}
+
+// Latent value k of token tok (not cooperative; any thread). With norm correction this costs
+// O(m) (the group's norm); decode_latent_tile shares that work across a warp instead.
 __device__ inline float latent_value(const DevHead& h, const uint8_t* base, uint32_t tok,
                                      uint32_t k) {
   const PackedLayout& L = h.L;
@@ -60,7 +79,8 @@ __device__ inline float latent_value(const DevHead& h, const uint8_t* base, uint
   if (L.kind == layout::kKindTqGroups) {
     const uint32_t g = h.group_of[k];
     const layout::LayoutGroup& G = L.groups[g];
-    const float rho = layout::f16_to_f32(layout::load_u16le(blk + 2 * g));
+    const float rho = h.norm_correction ? tq_norm_scale(h, blk, tb, g)
+                                        : layout::f16_to_f32(layout::load_u16le(blk + 2 * g));
     const uint32_t code =
         layout::get_code(stream, tb + G.code_bit_offset + (k - h.latent_off[g]) * G.bits, G.bits);
     return rho * h.codebook[h.cb_off[g] + code];
@@ -93,9 +113,39 @@ __device__ inline uint32_t code_value(const DevHead& h, const uint8_t* base, uin
 }
 
 // Latents of tokens t0 .. t0+nt-1 into w[t * ldw + k]. Cooperative, no synchronisation.
+// blockDim.x must be a multiple of 32 (kThreads): TQ with norm correction gives each (token,
+// group) to one warp, whose lanes sum ||c||^2 with shuffles (the same order on every warp size
+// 32 device) and then scale the group's latents.
 __device__ inline void decode_latent_tile(const DevHead& h, const uint8_t* base, uint32_t t0,
                                           int nt, float* w, int ldw) {
   const int cd = (int)h.L.code_dim;
+  if (h.L.kind == layout::kKindTqGroups && h.norm_correction) {
+    const PackedLayout& L = h.L;
+    const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5);
+    const int n_warps = (int)(blockDim.x >> 5);
+    const int ng = (int)L.n_groups;
+    for (int item = warp; item < nt * ng; item += n_warps) {  // warp-uniform trip count
+      const int t = item / ng, g = item - t * ng;
+      const uint32_t tok = t0 + (uint32_t)t;
+      const uint8_t* blk = layout::block_ptr(L, base, tok);
+      const uint8_t* stream = blk + L.meta_bytes;
+      const uint32_t tb = layout::token_code_bit_offset(L, tok);
+      const layout::LayoutGroup& G = L.groups[g];
+      const float* cb = h.codebook + h.cb_off[g];
+      float* wt = w + t * ldw + h.latent_off[g];
+      float n2 = 0.f;
+      for (int j = lane; j < (int)G.dim; j += 32) {
+        const float c = cb[layout::get_code(stream, tb + G.code_bit_offset + (uint32_t)j * G.bits, G.bits)];
+        wt[j] = c;
+        n2 += c * c;
+      }
+      for (int o = 16; o > 0; o >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, o);
+      const float rho = layout::f16_to_f32(layout::load_u16le(blk + 2 * g));
+      const float s = n2 > 0.f ? rho / sqrtf(n2) : 0.f;
+      for (int j = lane; j < (int)G.dim; j += 32) wt[j] *= s;  // each lane rescales its own writes
+    }
+    return;
+  }
   for (int idx = threadIdx.x; idx < nt * cd; idx += blockDim.x) {
     const int t = idx / cd, k = idx - t * cd;
     w[t * ldw + k] = latent_value(h, base, t0 + (uint32_t)t, (uint32_t)k);

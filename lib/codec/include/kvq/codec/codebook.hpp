@@ -20,6 +20,21 @@ struct LloydMaxCodebook {
 // bits in [1, 8]; a reference into a process-wide cache (thread-safe, deterministic).
 const LloydMaxCodebook& lloyd_max_gaussian(int bits);
 
+// Lloyd-Max for the exact law of one coordinate of a uniformly random unit vector in R^m,
+// density proportional to (1 - x^2)^((m-3)/2) on [-1, 1] (the arcsine law at m = 2, uniform at
+// m = 3), which N(0, 1/m) only approximates: for small groups it is much better (E||u - c||^2 at
+// m = 2, b = 2 about half the Gaussian codebook's). Cell moments in closed form (x = sin theta:
+// the density becomes cos^(m-2) theta; integrals of cos^n by the reduction formula), Lloyd
+// iteration as for the Gaussian. Centroids in the unit vector's own units (NOT scaled by
+// sqrt(m)); mse = m * E[(X - Q(X))^2] = E||u - c||^2 per vector, comparable with
+// lloyd_max_gaussian(bits).mse. bits in [1, 8], m in [2, kSphereExactMaxM]; cached per (m, bits).
+// Computed for m <= kSphereExactMaxM only: at m = 64 the centroids (times sqrt(m)) are within 4%
+// of the Gaussian table's and the MSE up to 4% lower (b = 4); agreement to 1e-6 would need
+// m ~ 10^4, above every head size, and the closed forms cost O(m) per cell. Not yet wired into
+// HeadCodec or the allocation file (issue 14, --codebook): the Gaussian table is what is coded.
+constexpr int kSphereExactMaxM = 64;
+const LloydMaxCodebook& lloyd_max_sphere(int bits, int m);
+
 // Centroids and thresholds for N(0, 1/m): the table above times 1/sqrt(m), as float.
 struct ScaledCodebook {
   std::vector<float> centroids;

@@ -4,8 +4,11 @@
 // layout of packed_layout.hpp. The decoder is the oracle the CUDA kernels are tested against.
 //
 //  kTqGroups        per group g (dims D_g, m = |D_g|, b bits, seed s_g): rho = ||x_D|| as fp16;
+//                   Pi_g the Haar matrix of s_g, or the identity (TqGroup::rotation);
 //                   u = Pi_g x_D / rho~ (rho~ = the stored fp16 value); code_i = nearest Lloyd-Max
-//                   centroid of N(0, 1/m); decode x_D = rho~ Pi_g^T c.
+//                   centroid of N(0, 1/m); decode x_D = rho~ Pi_g^T c, or with the decision's
+//                   norm_correction x_D = s Pi_g^T c, s = float(rho~ / ||c||) (||c|| summed in
+//                   double over the group's centroids); the latent is then s * c.
 //  kLowRankHadamard y = U_r^T (x - mu); z = H P D y (hadamard.hpp); rho = ||z|| as fp16;
 //                   step = rho~ * step*(b) / sqrt(r) (step*(b) the MSE-optimal uniform step for
 //                   N(0,1)); code = clamp(floor(z / step) + 2^(b-1), 0, 2^b - 1);
@@ -64,7 +67,7 @@ class HeadCodec {
   // Integer codes, [n_tokens][code_dim] in code-stream order (TQ: group by group).
   void unpack_codes(const uint8_t* packed, int n_tokens, uint8_t* codes) const;
   // Per-token values before the linear back-transform, [n_tokens][code_dim]: TQ rho~ * centroid
-  // (rotated coordinates), low-rank the dequantized z, KIVI and minifloat the decoded x. The fused attention
+  // (rotated coordinates; rho~ / ||c|| * centroid with norm correction), low-rank the dequantized z, KIVI and minifloat the decoded x. The fused attention
   // kernel works in this domain (q is moved into it once per query instead of decoding each key).
   void decode_latent(const uint8_t* packed, int n_tokens, float* latent) const;
 

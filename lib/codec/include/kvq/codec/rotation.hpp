@@ -23,4 +23,8 @@ std::vector<double> haar_orthogonal(uint64_t seed, int m);
 // Cached per (seed, m), thread-safe; the float matrix is the rounded double one.
 std::shared_ptr<const Rotation> haar_rotation(uint64_t seed, int m);
 
+// The m x m identity as a Rotation (seed 0), cached per m: a TQ group with TqRotation::kIdentity
+// goes through the same code paths (CPU and CUDA) with this matrix; products with it are exact.
+std::shared_ptr<const Rotation> identity_rotation(int m);
+
 }  // namespace kvq::codec

@@ -84,13 +84,23 @@ static_assert(static_cast<uint32_t>(CodingKind::kTqGroups) == layout::kKindTqGro
 static_assert(static_cast<uint32_t>(Side::kK) == layout::kSideK && static_cast<uint32_t>(Side::kV) == layout::kSideV,
               "Side and the packed layout's side numbers are one set");
 
+// A TQ group's rotation. Written to files as "haar" / "identity" (allocation version 2; absent =
+// haar): never rename.
+enum class TqRotation : uint32_t {
+  kHaar = 0,      // the seeded Haar matrix of rotation_seed
+  kIdentity = 1,  // no rotation (kvq-allocate --rotate-below: narrow groups, as the Block-GTQ
+                  // reference codes groups below 3 bits)
+};
+
 // One TQ-MSE group: the head coordinates it covers (for Block-GTQ K: the post-RoPE coordinates of
-// its RoPE blocks, block order, each block's pair in the model's pairing), its width and the seed
-// of its Haar rotation. Codebook id = bits (Lloyd-Max for N(0, 1/m), m = dims.size()).
+// its RoPE blocks, block order, each block's pair in the model's pairing), its width and its
+// rotation (the seed of its Haar rotation, kept even when the group is coded unrotated).
+// Codebook id = bits (Lloyd-Max for N(0, 1/m), m = dims.size()).
 struct TqGroup {
   int bits = 0;
   std::vector<int> dims;
   uint64_t rotation_seed = 0;
+  TqRotation rotation = TqRotation::kHaar;
 };
 
 struct HeadDecision {
@@ -102,6 +112,12 @@ struct HeadDecision {
 
   // kTqGroups
   std::vector<TqGroup> groups;
+  // Decode x_D = rho~ Pi^T (c / ||c||) instead of rho~ Pi^T c (c = the token's centroid vector of
+  // group D): Lloyd-Max centroids shrink a unit vector (E||c||^2 = 1 - MSE), so without it every
+  // decoded vector is biased towards zero. Codes are the same either way. false = allocation
+  // format version 1's decoding (and the default here, so a hand-built decision decodes as
+  // before); kvq-allocate sets it on unless --no-norm-correction. One value per allocation file.
+  bool norm_correction = false;
   std::vector<int> block_bits;  // per RoPE block, for reporting (Block-GTQ K); empty otherwise
 
   // kLowRankHadamard

@@ -30,6 +30,12 @@ struct AllocateOptions {
   Method v_method = Method::kUniform;
   double v_bpd = 0.0;                // 0: the K budget (rounded up to whole bits for uniform)
   uint64_t seed = 42;                // rotation / Hadamard sign seeds derive from it
+  // TQ heads (uniform, block-gtq) decode rho~ Pi^T c/||c|| (HeadDecision::norm_correction);
+  // false writes version 1's decoding (--no-norm-correction).
+  bool norm_correction = true;
+  // TQ groups narrower than this many bits are coded unrotated (TqRotation::kIdentity); 0 or 1:
+  // every group rotated (--rotate-below; the Block-GTQ reference uses 3).
+  int rotate_below = 0;
   // Block-GTQ
   int b_min = 1, b_max = 8;
   bool exact_distortion = false;     // Lloyd-Max MSE per width instead of 4^-b
