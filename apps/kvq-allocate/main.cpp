@@ -48,6 +48,11 @@ int main(int argc, char** argv) {
   c->add_option("--floor-div", o.floor_div, "see --floor-abs")->default_val(o.floor_div);
   c->add_option("--c1-rounding", o.c1_rounding, "C1 bits per rank: floor (r*b <= B) or round (reference mode)")
       ->default_val(o.c1_rounding)->check(CLI::IsMember({"floor", "round"}));
+  c->add_option("--c2", o.c2,
+                "cobra-mse/cobra-kl damped C2: kvq (its corrected integer rounding) or reference (the KV-COBRA "
+                "reference code exactly: budget int(d*bpd) per head, r re-derived as B//b each round, int() "
+                "truncations; add --uncentered for its basis)")
+      ->default_val(o.c2)->check(CLI::IsMember({"kvq", "reference"}));
   c->add_flag("--uncentered", o.uncentered, "basis from E[x x^T] (reference code) instead of the covariance");
   c->add_option("--q-constant", o.q_constant, "c in the distortion model q(b) = c 2^-2b")->default_val(o.q_constant);
   c->add_option("--cobra-b-min", o.cobra_b_min, "smallest bits per kept coordinate")->default_val(o.cobra_b_min);

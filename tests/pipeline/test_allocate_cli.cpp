@@ -205,6 +205,25 @@ TEST(AllocateCli, OptionalFlagsChangeWhatTheySay) {
   std::printf("--joint-kv at 2 bpd: K gets %ld bits, V %ld bits per token (of %ld)\n", k, v, total);
   EXPECT_EQ(k + v, total);
   EXPECT_NE(k, v) << "the joint split should differ from an even one on real K/V spectra";
+
+  // --c2 reference: the KV-COBRA reference code's budgets. Without C2 rounds every head keeps
+  // int(d * bpd) = int(64 * 1.7) = 108 bits (kvq's own rule splits llround(8 * 64 * 1.7) = 870
+  // over 8 heads: 109 or 108); with rounds, truncation only ever loses bits.
+  auto ref0 = test::temp_path("r0.kvqalloc.h5"), ref = test::temp_path("r.kvqalloc.h5");
+  r = allocate(cal, ref0, "--method cobra-mse --bpd 1.7 --c2 reference --rounds 0");
+  ASSERT_EQ(r.status, 0) << r.err;
+  AllocFile a0 = read_alloc(ref0);
+  EXPECT_EQ(a0.params["c2"], "reference");
+  for (const auto& h : a0.heads)
+    if (h.side == Side::kK) EXPECT_EQ(h.budget_bits, 108) << "layer " << h.layer << " head " << h.kv_head;
+  r = allocate(cal, ref, "--method cobra-mse --bpd 1.7 --c2 reference");
+  ASSERT_EQ(r.status, 0) << r.err;
+  long sum = 0;
+  for (const auto& h : read_alloc(ref).heads) sum += h.side == Side::kK ? h.budget_bits : 0;
+  EXPECT_LE(sum, 8 * 108);
+  r = allocate(cal, test::temp_path("rdp.kvqalloc.h5"), "--method cobra-dp --bpd 2 --c2 reference");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--c2"), std::string::npos) << r.err;
 }
 
 TEST(AllocateCli, BadInputs) {

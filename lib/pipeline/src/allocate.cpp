@@ -47,7 +47,13 @@ alloc::CobraOptions cobra_options(const AllocateOptions& o, Method method) {
   c.model.b_min = o.cobra_b_min;
   c.model.b_max = o.cobra_b_max;
   c.model.rounding = alloc::c1_rounding_from_string(o.c1_rounding);
-  c.c2 = method == Method::kCobraMse || method == Method::kCobraKl ? alloc::C2Kind::kDamped : alloc::C2Kind::kExact;
+  const bool damped = method == Method::kCobraMse || method == Method::kCobraKl;
+  if (o.c2 != "kvq" && o.c2 != "reference")
+    throw Error("", "--c2", "unknown value '" + o.c2 + "' (kvq or reference)");
+  if (o.c2 == "reference" && !damped)
+    throw Error("", "--c2", "reference is the KV-COBRA reference code's damped C2: it applies to cobra-mse and cobra-kl, not " +
+                                std::string(to_string(method)));
+  c.c2 = !damped ? alloc::C2Kind::kExact : o.c2 == "reference" ? alloc::C2Kind::kReference : alloc::C2Kind::kDamped;
   c.damped.rounds = o.rounds;
   c.damped.damping = o.damping;
   c.floor.abs = o.floor_abs;
@@ -368,6 +374,7 @@ AllocFile run_allocate(const AllocateOptions& o) {
               {"floor_abs", o.floor_abs},
               {"floor_div", o.floor_div},
               {"c1_rounding", o.c1_rounding},
+              {"c2", o.c2},
               {"basis", o.uncentered ? "uncentered" : "centered"},
               {"q_constant", o.q_constant},
               {"cobra_b_min", o.cobra_b_min},

@@ -44,6 +44,7 @@ struct AllocateOptions {
   double damping = 0.3;
   int64_t floor_abs = 4, floor_div = 4;  // B_min = max(floor_abs, floor(B/floor_div))
   std::string c1_rounding = "floor";     // floor | round
+  std::string c2 = "kvq";                // cobra-mse/-kl damped C2: kvq (corrected rounding) | reference
   bool uncentered = false;               // basis from E[xx^T] instead of the covariance
   double q_constant = 1.0 / 12.0;        // q(b) = c 2^-2b
   int cobra_b_min = 2, cobra_b_max = 8;
