@@ -54,7 +54,7 @@ TEST(Uniform, BadWidthsThrow) {
 
 TEST(Baselines, WholeBitsPerSideAndTheFieldOfAFractionalOne) {
   const Shape shape{2, 3, 16};
-  auto u = baseline_heads("uniform", shape, 3, 2, "a.kvqalloc.h5");
+  auto u = baseline_heads("uniform", shape, 3, 2, true, "a.kvqalloc.h5");
   ASSERT_EQ(u.size(), 12u);  // K heads (layer-major), then V heads
   for (size_t i = 0; i < u.size(); ++i) {
     const HeadDecision& h = u[i];
@@ -67,7 +67,11 @@ TEST(Baselines, WholeBitsPerSideAndTheFieldOfAFractionalOne) {
     EXPECT_EQ(h.groups[0].dims.size(), 16u);
     EXPECT_EQ(h.groups[0].rotation_seed, derive_seed(42, h.layer, h.kv_head, h.side, uint64_t(h.groups[0].bits)));
   }
-  auto k = baseline_heads("kivi", shape, 2, 4, "a.kvqalloc.h5");
+  // The TQ baseline decodes as the compared allocation does: norm correction on or off.
+  for (const HeadDecision& h : baseline_heads("uniform", shape, 3, 2, false, "a.kvqalloc.h5"))
+    EXPECT_FALSE(h.norm_correction);
+  for (const HeadDecision& h : u) EXPECT_TRUE(h.norm_correction);
+  auto k = baseline_heads("kivi", shape, 2, 4, true, "a.kvqalloc.h5");
   ASSERT_EQ(k.size(), 12u);
   for (size_t i = 0; i < k.size(); ++i) {
     EXPECT_EQ(k[i].kind, CodingKind::kKivi);
@@ -78,7 +82,7 @@ TEST(Baselines, WholeBitsPerSideAndTheFieldOfAFractionalOne) {
                                std::make_tuple(2.0, 9.0, "budget.v_bpd_nominal"),
                                std::make_tuple(0.0, 2.0, "budget.k_bpd_nominal")}) {
     try {
-      baseline_heads("uniform", shape, kb, vb, "a.kvqalloc.h5");
+      baseline_heads("uniform", shape, kb, vb, true, "a.kvqalloc.h5");
       ADD_FAILURE() << kb << " " << vb;
     } catch (const Error& e) {
       const std::string m = e.what();
@@ -86,7 +90,7 @@ TEST(Baselines, WholeBitsPerSideAndTheFieldOfAFractionalOne) {
       EXPECT_NE(m.find(field), std::string::npos) << m;
     }
   }
-  EXPECT_THROW(baseline_heads("gptq", shape, 2, 2, "a.kvqalloc.h5"), Error);
+  EXPECT_THROW(baseline_heads("gptq", shape, 2, 2, true, "a.kvqalloc.h5"), Error);
 }
 
 TEST(Methods, NamesRoundTripAndUnknownListsValid) {

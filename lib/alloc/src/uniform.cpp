@@ -49,8 +49,15 @@ Allocation allocate_uniform(const Shape& shape, Side side, double bits_per_dim,
   return out;
 }
 
+bool tq_norm_correction(const std::vector<HeadDecision>& heads) {
+  for (const HeadDecision& h : heads)
+    if (h.kind == CodingKind::kTqGroups) return h.norm_correction;
+  return true;
+}
+
 std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& shape, double k_bpd, double v_bpd,
-                                         const std::string& source, const std::string& remedy) {
+                                         bool norm_correction, const std::string& source,
+                                         const std::string& remedy) {
   if (kind != to_string(Method::kUniform) && kind != to_string(Method::kKivi))
     throw Error(source, "kind", "unknown baseline '" + kind + "' (uniform or kivi)");
   const Method method = method_from_string(kind);
@@ -62,7 +69,7 @@ std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& s
                       (remedy.empty() ? "" : " (" + remedy + ")"));
     if (method == Method::kUniform) {
       Allocation a = allocate_uniform(shape, side, bpd);
-      for (HeadDecision& h : a.heads) h.norm_correction = true;  // as kvq-allocate writes TQ heads by default
+      for (HeadDecision& h : a.heads) h.norm_correction = norm_correction;
       out.insert(out.end(), a.heads.begin(), a.heads.end());
       continue;
     }

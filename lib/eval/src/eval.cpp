@@ -128,7 +128,9 @@ EvalReport run_eval(const EvalOptions& o) {
     vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
     const alloc::Shape shape{cfg.n_layers, cfg.n_kv_heads, cfg.head_dim};
     base_coder = std::make_unique<KvCoder>(
-        cfg, alloc::baseline_heads("uniform", shape, kb, vb, o.alloc, "pass --baseline-k-bpd / --baseline-v-bpd"),
+        cfg,
+        alloc::baseline_heads("uniform", shape, kb, vb, alloc::tq_norm_correction(a.heads), o.alloc,
+                              "pass --baseline-k-bpd / --baseline-v-bpd"),
         "uniform baseline");
   }
 

@@ -474,30 +474,27 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
       cap.positions = positions.data();
       opts.observer->on_layer(cap);
     }
-    if (opts.kv_transform) {
+    // The pre-RoPE K/V of this layer as the hooks see them (k, v: the buffers they may rewrite).
+    auto layer_kv = [&](at::Tensor& k, at::Tensor& v) {
       LayerKv kv;
       kv.layer = l;
       kv.batch = int(B);
       kv.seq = int(T);
       kv.n_kv_heads = int(Hk);
       kv.head_dim = int(d);
-      kv.k = ws.k.data_ptr<float>();
-      kv.v = ws.v.data_ptr<float>();
+      kv.k = k.data_ptr<float>();
+      kv.v = v.data_ptr<float>();
       kv.positions = positions.data();
+      return kv;
+    };
+    if (opts.kv_transform) {
+      LayerKv kv = layer_kv(ws.k, ws.v);
       opts.kv_transform->apply(kv);
     }
     if (opts.protected_kv) {
       ws.kq.copy_(ws.k);
       ws.vq.copy_(ws.v);
-      LayerKv kv;
-      kv.layer = l;
-      kv.batch = int(B);
-      kv.seq = int(T);
-      kv.n_kv_heads = int(Hk);
-      kv.head_dim = int(d);
-      kv.k = ws.kq.data_ptr<float>();
-      kv.v = ws.vq.data_ptr<float>();
-      kv.positions = positions.data();
+      LayerKv kv = layer_kv(ws.kq, ws.vq);
       opts.protected_kv->code(kv);
       rope_rows(ws.kq.data_ptr<float>(), B, int(T), Hk, int(d), rope, c.pairing, false);
     }

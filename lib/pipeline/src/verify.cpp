@@ -265,17 +265,8 @@ VerifyReport run_verify(const VerifyOptions& o) {
   const double kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
   const double vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
   const alloc::Shape shape{c.prov.n_layers, c.prov.n_kv_heads, c.prov.head_dim};
-  auto base = alloc::baseline_heads(o.baseline, shape, kb, vb, o.alloc, "pass --baseline-k-bpd / --baseline-v-bpd");
-  // The TQ baseline decodes as the allocation's TQ heads do (norm correction on or off), so the
-  // comparison is between allocations, not codec settings; without TQ heads, kvq's default (on).
-  bool norm_correction = true;
-  for (const auto& h : a.heads)
-    if (h.kind == CodingKind::kTqGroups) {
-      norm_correction = h.norm_correction;
-      break;
-    }
-  for (auto& h : base)
-    if (h.kind == CodingKind::kTqGroups) h.norm_correction = norm_correction;
+  auto base = alloc::baseline_heads(o.baseline, shape, kb, vb, alloc::tq_norm_correction(a.heads), o.alloc,
+                                    "pass --baseline-k-bpd / --baseline-v-bpd");
   r.baseline = evaluate(c, base, o.baseline, nullptr);
   r.baseline.k_bpd_nominal = kb;
   r.baseline.v_bpd_nominal = vb;

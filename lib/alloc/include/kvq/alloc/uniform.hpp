@@ -21,12 +21,18 @@ Allocation allocate_uniform(const Shape& shape, Side side, double bits_per_dim,
                             const UniformOptions& opt = {});
 
 // The baselines kvq-verify and kvq-eval compare an allocation against, at whole K and V bits:
-// "uniform" = allocate_uniform (seed 42) for each side, decoding with norm correction (kvq-allocate's
-// default; kvq-verify matches the allocation's own setting); "kivi" = KIVI (per-channel K, per-token V,
+// "uniform" = allocate_uniform (seed 42) for each side, decoding with norm correction as the compared
+// allocation's TQ heads do (`norm_correction`: see tq_norm_correction), so the comparison is between
+// allocations, not codec settings; "kivi" = KIVI (per-channel K, per-token V,
 // groups of 32 tokens). A fractional or out-of-range width throws kvq::Error naming `source` and
 // budget.k_bpd_nominal / budget.v_bpd_nominal, ending with "(<remedy>)" when the caller gives one
 // (what the user can do about it, in the caller's words); an unknown kind names "kind".
 std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& shape, double k_bpd, double v_bpd,
-                                         const std::string& source, const std::string& remedy = "");
+                                         bool norm_correction, const std::string& source,
+                                         const std::string& remedy = "");
+
+// The norm-correction setting of an allocation's TQ heads (one per file); kvq-allocate's default
+// (on) when it has none.
+bool tq_norm_correction(const std::vector<HeadDecision>& heads);
 
 }  // namespace kvq::alloc
