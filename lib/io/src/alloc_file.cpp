@@ -1,3 +1,5 @@
+#include <limits>
+#include <type_traits>
 #include "kvq/io/alloc_file.hpp"
 
 #include <algorithm>
@@ -13,6 +15,33 @@
 namespace kvq {
 
 using json = nlohmann::json;
+
+// Integers of the manifest JSON: a float (or an integer out of T's range) is refused with the field
+// named — nlohmann's get<int>() of 8e20 is undefined behaviour, not an error (found by fuzz_alloc).
+template <typename T>
+static T int_field(const std::string& file, const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u <= uint64_t(std::numeric_limits<T>::max())) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (std::is_signed<T>::value && i >= int64_t(std::numeric_limits<T>::min()) && i <= int64_t(std::numeric_limits<T>::max()))
+      return static_cast<T>(i);
+  }
+  throw Error(file, key, "not an integer in range: " + v.dump());
+}
+
+static std::vector<int> int_array(const std::string& file, const json& j, const char* key) {
+  std::vector<int> out;
+  for (const json& e : j.at(key)) {
+    if (!e.is_number_integer() || e.get<int64_t>() < std::numeric_limits<int>::min() ||
+        e.get<int64_t>() > std::numeric_limits<int>::max())
+      throw Error(file, key, "not an integer in range: " + e.dump());
+    out.push_back(static_cast<int>(e.get<int64_t>()));
+  }
+  return out;
+}
 
 static const char* kind_name(CodingKind k) {
   switch (k) {
@@ -212,15 +241,15 @@ AllocFile read_alloc(const std::string& path) {
     a.calib.model_config_sha256 = c.at("model_config_sha256").get<std::string>();
     a.calib.architecture = c.at("architecture").get<std::string>();
     a.calib.pairing = rope_pairing_from_string(c.at("rope_pairing").get<std::string>());
-    a.calib.rotary_dim = c.at("rotary_dim").get<int>();
+    a.calib.rotary_dim = int_field<int>(path, c, "rotary_dim");
     a.calib.rope_theta = c.at("rope_theta").get<double>();
-    a.calib.head_dim = c.at("head_dim").get<int>();
-    a.calib.n_layers = c.at("n_layers").get<int>();
-    a.calib.n_heads = c.at("n_heads").get<int>();
-    a.calib.n_kv_heads = c.at("n_kv_heads").get<int>();
-    a.calib.seed = c.at("seed").get<uint64_t>();
-    a.calib.samples = c.at("samples").get<int>();
-    a.calib.seq_len = c.at("seq_len").get<int>();
+    a.calib.head_dim = int_field<int>(path, c, "head_dim");
+    a.calib.n_layers = int_field<int>(path, c, "n_layers");
+    a.calib.n_heads = int_field<int>(path, c, "n_heads");
+    a.calib.n_kv_heads = int_field<int>(path, c, "n_kv_heads");
+    a.calib.seed = int_field<uint64_t>(path, c, "seed");
+    a.calib.samples = int_field<int>(path, c, "samples");
+    a.calib.seq_len = int_field<int>(path, c, "seq_len");
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -247,8 +276,8 @@ AllocFile read_alloc(const std::string& path) {
     const std::string where = "manifest.heads[" + std::to_string(i++) + "]";
     HeadDecision h;
     try {
-      h.layer = j.at("layer").get<int>();
-      h.kv_head = j.at("kv_head").get<int>();
+      h.layer = int_field<int>(path, j, "layer");
+      h.kv_head = int_field<int>(path, j, "kv_head");
       std::string side = j.at("side").get<std::string>();
       if (side != "K" && side != "V") throw Error(path, where + ".side", "must be K or V, found '" + side + "'");
       h.side = side == "K" ? Side::kK : Side::kV;
@@ -261,9 +290,9 @@ AllocFile read_alloc(const std::string& path) {
         std::vector<int> seen(size_t(d), 0);
         for (const auto& g : j.at("groups")) {
           TqGroup tg;
-          tg.bits = g.at("bits").get<int>();
-          tg.dims = g.at("dims").get<std::vector<int>>();
-          tg.rotation_seed = g.at("rotation_seed").get<uint64_t>();
+          tg.bits = int_field<int>(path, g, "bits");
+          tg.dims = int_array(path, g, "dims");
+          tg.rotation_seed = int_field<uint64_t>(path, g, "rotation_seed");
           if (g.contains("rotation")) {  // version 2; absent = haar (version 1, and earlier version 2 files)
             const std::string r = g["rotation"].is_string() ? g["rotation"].get<std::string>() : g["rotation"].dump();
             if (opened.header.version < kAllocGroupRotationVersion)
@@ -280,13 +309,13 @@ AllocFile read_alloc(const std::string& path) {
           }
           h.groups.push_back(std::move(tg));
         }
-        if (j.contains("block_bits")) h.block_bits = j["block_bits"].get<std::vector<int>>();
+        if (j.contains("block_bits")) h.block_bits = int_array(path, j, "block_bits");
         h.norm_correction = norm_correction;
       } else if (h.kind == CodingKind::kLowRankHadamard) {
-        h.rank = j.at("rank").get<int>();
-        h.bits = j.at("bits").get<int>();
-        h.budget_bits = j.at("budget_bits").get<int>();
-        h.hadamard_seed = j.at("hadamard_seed").get<uint64_t>();
+        h.rank = int_field<int>(path, j, "rank");
+        h.bits = int_field<int>(path, j, "bits");
+        h.budget_bits = int_field<int>(path, j, "budget_bits");
+        h.hadamard_seed = int_field<uint64_t>(path, j, "hadamard_seed");
         h.scale = j.at("scale").get<float>();
         if (h.rank < 0 || h.rank > d) throw Error(path, where + ".rank", "out of 0.." + std::to_string(d) + ": " + std::to_string(h.rank));
         if (h.bits < 0 || h.bits > 16) throw Error(path, where + ".bits", "out of range: " + std::to_string(h.bits));
@@ -312,8 +341,8 @@ AllocFile read_alloc(const std::string& path) {
         if (!(h.scale > 0.f))
           throw Error(path, where + ".scale", "underflows to 0 as a float: " + sc.dump());
       } else {
-        h.bits = j.at("bits").get<int>();
-        h.group_size = j.at("group_size").get<int>();
+        h.bits = int_field<int>(path, j, "bits");
+        h.group_size = int_field<int>(path, j, "group_size");
       }
     } catch (const Error&) {
       throw;
