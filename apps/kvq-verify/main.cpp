@@ -8,8 +8,9 @@
 int main(int argc, char** argv) {
   CLI::App app{
       "kvq-verify: code the calibration file's held-out windows with an allocation and with a baseline at the\n"
-      "same nominal budget, decode with the CPU reference decoder (and CUDA when a GPU is present), and report\n"
-      "per layer: RoPE-logit MAE over causal pairs, softmax KL, top-10 overlap, K/V NMSE, bpd.\n"
+      "same nominal budget (--match effective: at least the allocation's effective bits), decode with the CPU\n"
+      "reference decoder (and CUDA when a GPU is present), and report per layer:\n"
+      "RoPE-logit MAE over causal pairs, softmax KL, top-10 overlap, K/V NMSE, bpd.\n"
       "Exit codes: 0 all gates pass, 1 a gate failed (named on stderr), 2 bad input."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
@@ -21,6 +22,10 @@ int main(int argc, char** argv) {
       ->default_val(o.baseline)->check(CLI::IsMember({"uniform", "kivi"}));
   app.add_option("--baseline-k-bpd", o.baseline_k_bpd, "baseline K bits (default: the allocation's nominal)");
   app.add_option("--baseline-v-bpd", o.baseline_v_bpd, "baseline V bits (default: the allocation's nominal)");
+  app.add_option("--match", o.match,
+                 "baseline budget: nominal (the allocation's nominal bits) or effective (per side the fewest whole "
+                 "bits whose effective bpd, side information included, is >= the allocation's)")
+      ->default_val(o.match)->check(CLI::IsMember({"nominal", "effective"}));
   app.add_flag("!--no-cuda", o.cuda, "skip the CUDA decoder check even when a GPU is present");
   app.add_option("--json", json_out, "write the full report as JSON");
   auto* g = app.add_option_group("Gates (CI)", "exit 1 when a measured figure is past its limit");

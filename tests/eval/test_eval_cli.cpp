@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvq/eval/overlap.hpp"
+#include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
 #include "kvq/model/tokenizer.hpp"
 #include "run_cmd.hpp"
@@ -269,4 +270,81 @@ TEST(EvalCli, BadInputsAreOneLineErrors) {
   ASSERT_FALSE(j.is_null());
   EXPECT_EQ(j["rows"].size(), 3u);
   EXPECT_EQ(j["rows"][2]["k_bpd_nominal"], 2.0);
+}
+
+namespace {
+// Effective bpd from the packed-layout rules (schemas/packed-layout.md), written here: a block is
+// [records][codes][pad to 2 bytes]; TQ: one fp16 norm per group; low rank: one fp16 norm.
+long align2(long bytes) { return (bytes + 1) / 2 * 2; }
+double layout_bpd(const HeadDecision& h, int d) {
+  long code_bits = 0, records = 0;
+  if (h.kind == CodingKind::kTqGroups) {
+    for (const auto& g : h.groups) code_bits += long(g.dims.size()) * g.bits;
+    records = long(h.groups.size());
+  } else if (h.kind == CodingKind::kLowRankHadamard) {
+    code_bits = long(h.rank) * h.bits, records = 1;
+  } else {
+    ADD_FAILURE() << "no layout rule written for this kind in the test";
+  }
+  return double(align2(2 * records + (code_bits + 7) / 8)) * 8 / d;
+}
+// The fewest whole bits 1..8 whose uniform (one group, one norm) effective bpd reaches target.
+int brute_force_uniform_bits(double target, int d, double* eff) {
+  for (int b = 1; b <= 8; ++b)
+    if ((*eff = double(align2(2 + (long(d) * b + 7) / 8)) * 8 / d) >= target - 1e-9) return b;
+  return 0;
+}
+}  // namespace
+
+// --match effective: the uniform baseline's bits per side are the brute-force fewest whole bits
+// whose effective bpd reaches the allocation's; the report says so (eval_version 2, schema-valid).
+TEST(EvalCli, MatchEffectiveBaselineBudget) {
+  REQUIRE_TEXTS();
+  const int d = 64;  // the demo model's head_dim
+  for (const std::string args : {"--method block-gtq --bpd 3", "--method cobra-dp --bpd 1.5"}) {
+    const auto path = allocation(args == "--method block-gtq --bpd 3" ? "bg3" : "dp15", args);
+    const AllocFile a = read_alloc(path);
+    double ak = 0, av = 0, nk = 0, nv = 0;
+    for (const auto& h : a.heads) (h.side == Side::kK ? ak : av) += layout_bpd(h, d), ++(h.side == Side::kK ? nk : nv);
+    ak /= nk, av /= nv;
+    double ek = 0, ev = 0;
+    const int bk = brute_force_uniform_bits(ak, d, &ek), bv = brute_force_uniform_bits(av, d, &ev);
+    ASSERT_GT(bk, 0);
+    ASSERT_GT(bv, 0);
+    json j = eval("--alloc " + path + " --text " + g_exodus + " --calib " + cal() +
+                  " --match effective --max-tokens 256 --window 128 --stride 64");
+    ASSERT_FALSE(j.is_null()) << args;
+    validate_last_report(false);
+    std::printf("demo %s --match effective: K %.4f eff -> uniform %d bits (%.4f), V %.4f eff -> %d bits (%.4f)\n",
+                args.c_str(), ak, bk, ek, av, bv, ev);
+    EXPECT_EQ(j["baseline_budget"], "effective");
+    EXPECT_EQ(j["eval_version"], 2);
+    ASSERT_EQ(j["rows"].size(), 3u);
+    EXPECT_NEAR(double(j["rows"][1]["k_bpd_effective"]), ak, 1e-9);
+    EXPECT_NEAR(double(j["rows"][1]["v_bpd_effective"]), av, 1e-9);
+    EXPECT_EQ(double(j["rows"][2]["k_bpd_nominal"]), bk);
+    EXPECT_EQ(double(j["rows"][2]["v_bpd_nominal"]), bv);
+    EXPECT_NEAR(double(j["rows"][2]["k_bpd_effective"]), ek, 1e-9);
+    EXPECT_NEAR(double(j["rows"][2]["v_bpd_effective"]), ev, 1e-9);
+  }
+  // The default stays nominal: version 1, the allocation's nominal bits.
+  json n = eval("--alloc " + allocation("bg3", "--method block-gtq --bpd 3") + " --text " + g_exodus +
+                " --max-tokens 256 --window 128 --stride 64");
+  ASSERT_FALSE(n.is_null());
+  EXPECT_EQ(n["baseline_budget"], "nominal");
+  EXPECT_EQ(n["eval_version"], 1);
+  EXPECT_EQ(n["rows"][2]["k_bpd_nominal"], 3.0);
+  validate_last_report(false);
+  // Explicit baseline bits or no baseline with --match effective: one-line usage errors, exit 2.
+  const auto bg3 = allocation("bg3", "--method block-gtq --bpd 3");
+  for (const std::string extra : {" --baseline-k-bpd 3", " --baseline-v-bpd 2", " --baseline none"}) {
+    auto out = test::temp_path("never.json");
+    fs::remove(out);
+    auto r = test::run_cmd(test::bin("kvq-eval") + " -q --model " + kDemo + " --alloc " + bg3 + " --text " + g_exodus +
+                           " --match effective" + extra + " --max-tokens 256 --json " + out);
+    EXPECT_EQ(r.status, 2) << extra;
+    EXPECT_NE(r.err.find("--match"), std::string::npos) << extra << " -> " << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
 }

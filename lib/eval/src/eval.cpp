@@ -10,6 +10,7 @@
 #include "kvq/alloc/uniform.hpp"
 #include "kvq/corpus/corpus.hpp"
 #include "kvq/eval/overlap.hpp"
+#include "kvq/format/decision_layout.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/model/tokenizer.hpp"
 #include "kvq/util/error.hpp"
@@ -26,11 +27,44 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// Mean effective bpd of one side's decisions (the packed layout's, as codec::HeadCodec reports it).
+double side_effective_bpd(const std::vector<HeadDecision>& heads, Side s, int d) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& h : heads)
+    if (h.side == s) sum += layout::effective_bpd(h, d), ++n;
+  return n ? sum / n : 0;
+}
+
+// --match effective: the fewest whole bits in 1..8 at which the uniform baseline's mean effective
+// bpd on `side` is >= target (within 1e-9); none reaches it: a one-line error naming --match.
+int match_effective_bits(const alloc::Shape& shape, Side side, double target, bool norm_correction) {
+  double widest = 0;
+  for (int b = 1; b <= 8; ++b) {
+    widest = side_effective_bpd(alloc::baseline_heads("uniform", shape, b, b, norm_correction, ""), side,
+                                shape.head_dim);
+    if (widest >= target - 1e-9) return b;
+  }
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "effective: no uniform baseline budget (whole bits 1..8) reaches the allocation's %s effective bpd "
+                "%.4f (the widest, 8 bits, is %.4f effective bpd); use --match nominal or --baseline-%s-bpd",
+                side == Side::kK ? "K" : "V", target, widest, side == Side::kK ? "k" : "v");
+  throw Error("", "--match", buf);
+}
+
 }  // namespace
 
 EvalReport run_eval(const EvalOptions& o) {
   if (o.baseline != "uniform" && o.baseline != "none")
     throw Error("", "--baseline", "unknown baseline '" + o.baseline + "' (uniform or none)");
+  if (o.match != "nominal" && o.match != "effective")
+    throw Error("", "--match", "unknown value '" + o.match + "' (nominal or effective)");
+  if (o.match == "effective" && (o.baseline_k_bpd > 0 || o.baseline_v_bpd > 0))
+    throw Error("", "--match", "effective chooses the baseline's bits itself: drop --baseline-k-bpd / --baseline-v-bpd "
+                               "(or use --match nominal)");
+  if (o.match == "effective" && o.baseline == "none")
+    throw Error("", "--match", "effective sets the baseline's budget, but --baseline none runs no baseline");
   if (o.text.empty()) throw Error("", "--text", "no text given");
   for (const auto& p : o.text)
     if (!std::filesystem::exists(p)) throw Error(p, "--text", "no such file or folder");
@@ -82,6 +116,7 @@ EvalReport run_eval(const EvalOptions& o) {
   r.window = o.window > 0 ? o.window : cfg.max_seq_len;
   r.stride = o.stride > 0 ? o.stride : std::max(1, r.window / 2);
   r.policy = o.policy;
+  r.match = o.match;
 
   // Held-out check.
   std::vector<int32_t> cal;
@@ -127,6 +162,11 @@ EvalReport run_eval(const EvalOptions& o) {
     kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
     vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
     const alloc::Shape shape{cfg.n_layers, cfg.n_kv_heads, cfg.head_dim};
+    if (o.match == "effective") {
+      const bool nc = alloc::tq_norm_correction(a.heads);
+      kb = match_effective_bits(shape, Side::kK, alloc_coder.k_bpd_effective(), nc);
+      vb = match_effective_bits(shape, Side::kV, alloc_coder.v_bpd_effective(), nc);
+    }
     base_coder = std::make_unique<KvCoder>(
         cfg,
         alloc::baseline_heads("uniform", shape, kb, vb, alloc::tq_norm_correction(a.heads), o.alloc,
@@ -188,7 +228,7 @@ nlohmann::json EvalReport::to_json() const {
     rj.push_back(j);
   }
   return {{"kind", "eval"},
-          {"eval_version", 1},
+          {"eval_version", match == "effective" ? 2 : 1},  // 2: baseline_budget may be "effective"
           {"model", model},
           {"alloc", alloc},
           {"text", text},
@@ -198,7 +238,7 @@ nlohmann::json EvalReport::to_json() const {
           {"stride", stride},
           {"sink", policy.sink},
           {"recent", policy.recent},
-          {"baseline_budget", "nominal"},
+          {"baseline_budget", match},
           {"held_out_check", overlap},
           {"rows", rj}};
 }
@@ -226,7 +266,11 @@ std::string format_eval_report(const EvalReport& r) {
                     "32", x.result.nll(), x.result.ppl(), "");
     s << buf;
   }
-  s << "(baseline at the allocation's nominal bpd; effective bpd = stored bits per token per head / d, protected "
+  s << (r.match == "effective"
+            ? "(baseline per side at the fewest whole bits whose effective bpd >= the allocation's, --match effective; "
+              "effective bpd"
+            : "(baseline at the allocation's nominal bpd; effective bpd");
+  s << " = stored bits per token per head / d, protected "
        "full-precision tokens not counted)\n";
   return s.str();
 }

@@ -12,6 +12,7 @@
 #include "kvq/alloc/uniform.hpp"
 #include "kvq/codec/attention.hpp"
 #include "kvq/codec/codec.hpp"
+#include "kvq/format/decision_layout.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/util/error.hpp"
 #if KVQ_HAVE_CUDA
@@ -221,6 +222,14 @@ double side_bpd(const std::vector<HeadDecision>& heads, Side s, int d) {
   return n ? sum / n : 0;
 }
 
+double layout_side_bpd(const std::vector<HeadDecision>& heads, Side s, int d) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& h : heads)
+    if (h.side == s) sum += layout::effective_bpd(h, d), ++n;
+  return n ? sum / n : 0;
+}
+
 nlohmann::json metrics_json(const Metrics& m) {
   return {{"logit_mae", m.logit_mae}, {"kl", m.kl},         {"top10", m.top10},
           {"nmse_k", m.nmse_k},       {"nmse_v", m.nmse_v}, {"out_rel_err", m.out_rel_err}};
@@ -242,13 +251,35 @@ nlohmann::json coded_json(const CodedReport& r) {
 
 nlohmann::json VerifyReport::to_json() const {
   return {{"allocation", coded_json(alloc)}, {"baseline", coded_json(baseline)}, {"layer_wins", layer_wins},
-          {"n_layers", n_layers},           {"cuda", cuda},                     {"failed_gates", failed_gates},
+          {"n_layers", n_layers},           {"match", match},                   {"cuda", cuda},                     {"failed_gates", failed_gates},
           {"passed", failed_gates.empty()}};
+}
+
+int match_effective_bits(const std::string& kind, int n_layers, int n_kv_heads, int head_dim, Side side,
+                         double target, bool norm_correction) {
+  const alloc::Shape shape{n_layers, n_kv_heads, head_dim};
+  double widest = 0;
+  for (int b = 1; b <= 8; ++b) {
+    const auto heads = alloc::baseline_heads(kind, shape, b, b, norm_correction, "");
+    widest = layout_side_bpd(heads, side, head_dim);
+    if (widest >= target - 1e-9) return b;
+  }
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "effective: no %s baseline budget (whole bits 1..8) reaches the allocation's %s effective bpd %.4f "
+                "(the widest, 8 bits, is %.4f effective bpd); use --match nominal or --baseline-%s-bpd",
+                kind.c_str(), side == Side::kK ? "K" : "V", target, widest, side == Side::kK ? "k" : "v");
+  throw Error("", "--match", buf);
 }
 
 VerifyReport run_verify(const VerifyOptions& o) {
   if (o.baseline != "uniform" && o.baseline != "kivi")
     throw Error("", "--baseline", "unknown baseline '" + o.baseline + "' (uniform or kivi)");
+  if (o.match != "nominal" && o.match != "effective")
+    throw Error("", "--match", "unknown value '" + o.match + "' (nominal or effective)");
+  if (o.match == "effective" && (o.baseline_k_bpd > 0 || o.baseline_v_bpd > 0))
+    throw Error("", "--match", "effective chooses the baseline's bits itself: drop --baseline-k-bpd / --baseline-v-bpd "
+                               "(or use --match nominal)");
   CalibFile c = read_calib(o.calib, true);
   AllocFile a = read_alloc(o.alloc);
   check_alloc_matches(a, o.alloc, c, o.calib);
@@ -257,14 +288,21 @@ VerifyReport run_verify(const VerifyOptions& o) {
   const int d = c.prov.head_dim;
   VerifyReport r;
   r.n_layers = c.prov.n_layers;
+  double kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
+  double vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
+  const alloc::Shape shape{c.prov.n_layers, c.prov.n_kv_heads, c.prov.head_dim};
+  const double alloc_k_eff = side_bpd(a.heads, Side::kK, d), alloc_v_eff = side_bpd(a.heads, Side::kV, d);
+  r.match = o.match;
+  if (o.match == "effective") {  // before any coding: an unreachable budget fails at once
+    const bool nc = alloc::tq_norm_correction(a.heads);
+    kb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, d, Side::kK, alloc_k_eff, nc);
+    vb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, d, Side::kV, alloc_v_eff, nc);
+  }
   r.alloc = evaluate(c, a.heads, a.method + (a.v_method != a.method ? "/" + a.v_method : ""), o.cuda ? &r.cuda : nullptr);
   r.alloc.k_bpd_nominal = a.k_bpd_nominal;
   r.alloc.v_bpd_nominal = a.v_bpd_nominal;
-  r.alloc.k_bpd_effective = side_bpd(a.heads, Side::kK, d);
-  r.alloc.v_bpd_effective = side_bpd(a.heads, Side::kV, d);
-  const double kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
-  const double vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
-  const alloc::Shape shape{c.prov.n_layers, c.prov.n_kv_heads, c.prov.head_dim};
+  r.alloc.k_bpd_effective = alloc_k_eff;
+  r.alloc.v_bpd_effective = alloc_v_eff;
   auto base = alloc::baseline_heads(o.baseline, shape, kb, vb, alloc::tq_norm_correction(a.heads), o.alloc,
                                     "pass --baseline-k-bpd / --baseline-v-bpd");
   r.baseline = evaluate(c, base, o.baseline, nullptr);
@@ -302,6 +340,14 @@ std::string format_report(const VerifyReport& r) {
                 ("baseline " + r.baseline.name).c_str(), r.baseline.k_bpd_nominal, r.baseline.k_bpd_effective,
                 r.baseline.v_bpd_nominal, r.baseline.v_bpd_effective);
   s << buf;
+  if (r.match == "effective") {
+    std::snprintf(buf, sizeof buf,
+                  "baseline budget: --match effective, per side the fewest whole bits whose effective bpd >= the "
+                  "allocation's (K %.4g >= %.4g, V %.4g >= %.4g)\n",
+                  r.baseline.k_bpd_effective, r.alloc.k_bpd_effective, r.baseline.v_bpd_effective,
+                  r.alloc.v_bpd_effective);
+    s << buf;
+  }
   s << "layer  logit-MAE(alloc / base)   KL(alloc / base)        top10(alloc / base)  NMSE-K(alloc / base)  "
        "NMSE-V(alloc / base)  win\n";
   auto row = [&](const std::string& label, const Metrics& a, const Metrics& b, const char* win) {

@@ -19,6 +19,10 @@ struct EvalOptions {
   std::string baseline = "uniform";  // uniform | none
   double baseline_k_bpd = 0;      // 0: the allocation's nominal K budget (must be whole bits)
   double baseline_v_bpd = 0;
+  // nominal: the baseline codes at the allocation's nominal bits (or the explicit ones above);
+  // effective: per side the fewest whole bits (1..8) whose effective bpd (packed layout, side
+  // information included) is >= the allocation's. With explicit baseline bits: a usage error.
+  std::string match = "nominal";
   int window = 0;                 // 0: the model's maximum sequence length
   int stride = 0;                 // 0: window / 2
   CachePolicy policy;
@@ -39,6 +43,7 @@ struct EvalReport {
   int window = 0, stride = 0;
   CachePolicy policy;
   std::string overlap;            // what the held-out check did
+  std::string match = "nominal";  // how the baseline's budget was chosen (EvalOptions::match)
   std::vector<EvalRow> rows;      // fp32, allocation, baseline (when asked)
   nlohmann::json to_json() const;
 };

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kvq/format/decision.hpp"
+
 namespace kvq {
 
 struct VerifyOptions {
@@ -14,6 +16,11 @@ struct VerifyOptions {
   std::string baseline = "uniform";  // uniform | kivi
   double baseline_k_bpd = 0;         // 0: the allocation's nominal K budget (whole bits)
   double baseline_v_bpd = 0;         // 0: the allocation's nominal V budget
+  // nominal: the baseline codes at the allocation's nominal bits (or the explicit ones above);
+  // effective: per side, the smallest whole-bit baseline budget whose effective bpd (packed layout,
+  // side information included) is >= the allocation's (match_effective_bits). With explicit
+  // baseline bits: a usage error.
+  std::string match = "nominal";
   bool cuda = true;                  // check the CUDA decoder against the CPU one when a GPU is there
   // Gates (negative = off). Overall figures, or layer counts.
   double max_logit_mae = -1, max_kl = -1, min_top10 = -1, max_nmse_k = -1, max_nmse_v = -1;
@@ -40,6 +47,7 @@ struct CodedReport {
 
 struct VerifyReport {
   CodedReport alloc, baseline;
+  std::string match = "nominal";  // how the baseline's budget was chosen (VerifyOptions::match)
   int layer_wins = 0;  // layers where the allocation's logit MAE < the baseline's
   int n_layers = 0;
   std::string cuda;    // "not available", or agreement figures
@@ -48,6 +56,12 @@ struct VerifyReport {
 };
 
 VerifyReport run_verify(const VerifyOptions& o);
+
+// --match effective: the smallest whole number of bits b in 1..8 at which the `kind` baseline
+// (alloc::baseline_heads) of `shape` has a mean effective bpd on `side` >= target (within 1e-9).
+// None reaches it: kvq::Error naming --match, the side, target and the baseline's largest.
+int match_effective_bits(const std::string& kind, int n_layers, int n_kv_heads, int head_dim, Side side,
+                         double target, bool norm_correction);
 
 // The per-layer table users read (stdout).
 std::string format_report(const VerifyReport& r);
