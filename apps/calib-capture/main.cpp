@@ -42,6 +42,19 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", o.resume, "continue the file at --out from its last committed window");
   app.add_option("--windows", windows, "only calibration windows BEGIN:END of the plan (to merge later)");
   app.add_option("-o,--out", o.out, "output calibration file (.kvqcal.h5), written atomically");
+  std::string load = "stream", max_memory;
+  auto* mem = app.add_option_group("Memory", "the layer-streamed forward (the statistics are the same bytes)");
+  mem->add_option("--load", load,
+                  "stream: the checkpoint stays mapped in its stored dtype, windows pass each layer in chunks "
+                  "(one fp32 layer at a time); whole: the whole model in fp32, one forward per batch")
+      ->default_val("stream")
+      ->check(CLI::IsMember({"stream", "whole"}));
+  mem->add_option("--max-memory", max_memory,
+                  "memory the streamed forward plans for (6G, 1500M, bytes; default 80% of the available); "
+                  "sets the chunk size, -v logs the plan");
+  mem->add_option("--chunk", o.chunk_windows, "windows per chunk (a multiple of --batch; default: what fits)")
+      ->check(CLI::NonNegativeNumber);
+  mem->add_flag("--spill", o.spill, "keep the chunk's hidden states in a temporary file beside --out even when they fit");
 
   auto* merge = app.add_subcommand("merge", "add the statistics of calibration files over disjoint windows");
   std::vector<std::string> inputs;
@@ -68,6 +81,10 @@ int main(int argc, char** argv) {
     if (o.model.empty()) throw kvq::Error("", "--model", "required");
     if (o.corpus.empty()) throw kvq::Error("", "--corpus", "required");
     if (o.out.empty()) throw kvq::Error("", "--out", "required");
+    o.stream = load == "stream";
+    if (!max_memory.empty()) o.max_memory = kvq::parse_memory_size(max_memory, "--max-memory");
+    if (!o.stream && (o.chunk_windows > 0 || o.spill || !max_memory.empty()))
+      throw kvq::Error("", "--load", "whole does not stream: --max-memory, --chunk and --spill need --load stream");
     if (!windows.empty()) {
       auto colon = windows.find(':');
       if (colon == std::string::npos) throw kvq::Error("", "--windows", "expected BEGIN:END, got '" + windows + "'");

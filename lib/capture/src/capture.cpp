@@ -3,11 +3,18 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <cerrno>
+#include <cstring>
 
 #include "capture_detail.hpp"
 #include "kvq/util/rng.hpp"
@@ -69,6 +76,73 @@ class HoldoutObserver : public CaptureObserver {
   int T_;
 };
 
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
+  return buf;
+}
+
+// 80 % of MemAvailable, or of the cgroup's limit less its usage when that is smaller.
+int64_t default_memory_budget() {
+  int64_t avail = -1;
+  std::ifstream mi("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (mi >> key >> kb >> unit)
+    if (key == "MemAvailable:") avail = kb * 1024;
+  std::ifstream lim("/sys/fs/cgroup/memory.max"), cur("/sys/fs/cgroup/memory.current");
+  int64_t l = 0, u = 0;
+  if ((lim >> l) && (cur >> u) && l > u && (avail < 0 || l - u < avail)) avail = l - u;
+  if (avail <= 0) avail = int64_t(4) << 30;
+  return avail / 10 * 8;
+}
+
+// Hidden states of a chunk in an unlinked temporary file beside --out, mapped shared: a batch's
+// rows are written back and their pages dropped after each step, so they do not stay resident.
+class SpillFile {
+ public:
+  SpillFile(const std::string& out, int64_t bytes) : size_(size_t(bytes)) {
+    const std::filesystem::path dir = std::filesystem::path(out).parent_path();
+    std::string tmpl = ((dir.empty() ? std::filesystem::path(".") : dir) / ".kvq-spill-XXXXXX").string();
+    int fd = ::mkstemp(tmpl.data());
+    if (fd < 0) throw Error(tmpl, "--out", std::string("cannot create the spill file: ") + std::strerror(errno));
+    ::unlink(tmpl.c_str());  // gone with the process, however it ends
+    if (::ftruncate(fd, off_t(size_)) != 0) {
+      const int e = errno;
+      ::close(fd);
+      throw Error(tmpl, "--out", std::string("cannot size the spill file: ") + std::strerror(e));
+    }
+    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) throw Error(tmpl, "--out", std::string("cannot map the spill file: ") + std::strerror(errno));
+    base_ = static_cast<uint8_t*>(p);
+  }
+  ~SpillFile() { ::munmap(base_, size_); }
+  SpillFile(const SpillFile&) = delete;
+  SpillFile& operator=(const SpillFile&) = delete;
+  float* at(int64_t byte_offset) { return reinterpret_cast<float*>(base_ + byte_offset); }
+  // Writes bytes [offset, offset + len) back to the file and drops their pages.
+  void park(int64_t offset, int64_t len) {
+    const int64_t page = int64_t(::sysconf(_SC_PAGESIZE));
+    const int64_t b = offset / page * page, e = std::min<int64_t>(int64_t(size_), offset + len);
+    if (e <= b) return;
+    (void)::msync(base_ + b, size_t(e - b), MS_SYNC);
+    (void)::madvise(base_ + b, size_t(e - b), MADV_DONTNEED);
+  }
+
+ private:
+  uint8_t* base_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Test hook: KVQ_TEST_KILL_AT_LAYER=l with KVQ_TEST_KILL_AFTER_WINDOWS=K kills the streamed run
+// inside layer l of the chunk that would take it past K windows (mid-chunk, before its checkpoint).
+int test_kill_layer() {
+  const char* l = std::getenv("KVQ_TEST_KILL_AT_LAYER");
+  return l ? std::atoi(l) : -1;
+}
+
 at::Tensor window_tensor(const capture_detail::Inputs& in, const std::vector<int64_t>& offs, size_t first,
                          size_t count) {
   const int T = in.plan.seq_len;
@@ -119,7 +193,13 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   if (o.reservoir_tokens < 0) throw Error("", "--reservoir-tokens", "must be >= 0");
   if (o.checkpoint_every < 0) throw Error("", "--checkpoint-every", "must be >= 0");
 
-  auto in = std::make_unique<Inputs>(Model::load(o.model));
+  if (o.max_memory < 0) throw Error("", "--max-memory", "must be > 0");
+  if (o.chunk_windows < 0 || o.chunk_windows % o.batch_size != 0)
+    throw Error("", "--chunk", std::to_string(o.chunk_windows) + " is not a positive multiple of --batch " +
+                                   std::to_string(o.batch_size));
+  Model::LoadOptions lo;
+  lo.stream = o.stream;
+  auto in = std::make_unique<Inputs>(Model::load(o.model, lo));
   const ModelConfig& cfg = in->model.config();
   if (o.seq_len > cfg.max_seq_len)
     throw Error(o.model, "--seq-len",
@@ -194,7 +274,51 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   prov.reservoir_tokens = o.reservoir_tokens;
   prov.n_tokens_corpus = int64_t(in->stream.size());
   prov.created_unix = now_unix();
+  if (o.stream) in->memory = plan_memory(*in, o);
   return in;
+}
+
+MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
+  const ModelConfig& cfg = in.model.config();
+  MemoryPlan m;
+  m.budget = o.max_memory > 0 ? o.max_memory : default_memory_budget();
+  for (int l = 0; l < cfg.n_layers; ++l) {
+    const int64_t b = in.model.layer_fp32_bytes(l) + in.model.layer_stored_bytes(l);
+    if (b > m.layer) m.layer = b, m.widest_layer = l;
+  }
+  const int64_t T = o.seq_len, L = cfg.n_layers;
+  const int64_t row = int64_t(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim * int64_t(sizeof(float));
+  const int64_t n_win = int64_t(in.offsets.size());
+  m.scratch = Model::workspace_bytes(cfg, o.batch_size, T);
+  // The file's payload held in memory: reservoir rows (at most the tokens there are), held-out
+  // windows whole, and the moments (sums and second moments of K, V and each query group).
+  const int64_t reservoir = std::min<int64_t>(o.reservoir_tokens, n_win * T) * L * row;
+  const int64_t holdout = int64_t(in.plan.holdout.size()) * T * L * row;
+  const int64_t d = cfg.head_dim;
+  const int64_t moments = L * int64_t(3 * cfg.n_kv_heads) * (d * d + d) * int64_t(sizeof(double));
+  m.payload = reservoir + holdout + moments;
+  m.per_window = T * int64_t(cfg.hidden_size) * int64_t(sizeof(float));
+  const int64_t fixed = m.layer + m.scratch + m.payload;
+  if (fixed > m.budget)
+    throw Error(o.model, "--max-memory",
+                gib(m.budget) + " cannot hold one layer's pass: layer " + std::to_string(m.widest_layer) + " takes " +
+                    gib(m.layer) + " (fp32 " + gib(in.model.layer_fp32_bytes(m.widest_layer)) + " + stored " +
+                    gib(in.model.layer_stored_bytes(m.widest_layer)) + "), a batch's scratch " + gib(m.scratch) +
+                    ", the file's reservoir/held-out/moments " + gib(m.payload) + "; need at least " + gib(fixed));
+  const int64_t B = o.batch_size;
+  const int64_t fit = (m.budget - fixed) / m.per_window / B * B;  // whole batches whose hidden states fit
+  const int64_t all = std::max<int64_t>(B, (n_win + B - 1) / B * B);
+  m.chunk = o.chunk_windows > 0 ? o.chunk_windows : std::min(all, fit);
+  m.spill = o.spill || m.chunk * m.per_window > m.budget - fixed;
+  if (m.chunk < B) m.chunk = all;  // spilling: the whole run's windows can share each layer
+  if (o.checkpoint_every > 0)      // chunks end where the batch loop would write its checkpoints
+    m.chunk = std::min(m.chunk, (int64_t(o.checkpoint_every) + B - 1) / B * B);
+  spdlog::debug("memory plan: budget {}, layer {} {} (fp32 {} + stored {}), scratch {} (batch {} x {} tokens), "
+                "payload {}, hidden states {} per window, chunk {} windows{}, expected peak {}",
+                gib(m.budget), m.widest_layer, gib(m.layer), gib(in.model.layer_fp32_bytes(m.widest_layer)),
+                gib(in.model.layer_stored_bytes(m.widest_layer)), gib(m.scratch), B, T, gib(m.payload),
+                gib(m.per_window), m.chunk, m.spill ? " spilled to a file beside --out" : "", gib(m.peak()));
+  return m;
 }
 
 void capture_holdout(const Inputs& in, int batch_size, CalibFile& c) {
@@ -208,6 +332,20 @@ void capture_holdout(const Inputs& in, int batch_size, CalibFile& c) {
   h.q.assign(L * h.windows * T * nq, 0.f);
   h.k.assign(L * h.windows * T * nkv, 0.f);
   h.v.assign(L * h.windows * T * nkv, 0.f);
+  if (in.model.streamed()) {  // one chunk: each layer converted once for all held-out windows
+    std::vector<std::unique_ptr<HoldoutObserver>> obs;
+    std::vector<Model::ChunkBatch> batches;
+    for (size_t w0 = 0; w0 < offs.size(); w0 += size_t(batch_size)) {
+      size_t n = std::min(size_t(batch_size), offs.size() - w0);
+      at::Tensor ids = window_tensor(in, offs, w0, n);
+      h.ids.insert(h.ids.end(), ids.data_ptr<int64_t>(), ids.data_ptr<int64_t>() + n * T);
+      obs.push_back(std::make_unique<HoldoutObserver>(h, in.shape, T));
+      obs.back()->first_window = int(w0);
+      batches.push_back({ids, obs.back().get(), nullptr});
+    }
+    if (!batches.empty()) in.model.forward_chunk(batches);
+    return;
+  }
   HoldoutObserver hob(h, in.shape, T);
   for (size_t w0 = 0; w0 < offs.size(); w0 += size_t(batch_size)) {
     size_t n = std::min(size_t(batch_size), offs.size() - w0);
@@ -221,12 +359,78 @@ void capture_holdout(const Inputs& in, int batch_size, CalibFile& c) {
   }
 }
 
+// run_windows for a streamed model: chunks of in.memory.chunk windows (whole batches, the same
+// batches as the batch loop), layer-major inside a chunk. Checkpoints fall on chunk ends.
+void run_windows_streamed(const Inputs& in, const CaptureOptions& o, CalibFile& c,
+                          const std::function<void(int64_t w0, int64_t n, Picks& picks)>& pick,
+                          const std::function<void()>& checkpoint, bool quiet, int64_t kill_after) {
+  const int T = in.plan.seq_len, L = in.shape.n_layers;
+  const MemoryPlan& mp = in.memory;
+  const int64_t n_win = int64_t(c.calib_offsets.size());
+  const int64_t n_chunks = (n_win - c.windows_done + mp.chunk - 1) / std::max<int64_t>(1, mp.chunk);
+  // Progress in layer passes of windows (ETA), shown as windows, chunk and layer.
+  Progress prog("calib-capture", (n_win - c.windows_done) * L, "tok", quiet);
+  const int64_t start = c.windows_done;
+  const int kill_layer = kill_after >= 0 ? test_kill_layer() : -1;
+  int64_t last_ckpt = c.windows_done, chunk_no = 0;
+  while (c.windows_done < n_win) {
+    const int64_t begin = c.windows_done;
+    int64_t end = std::min(n_win, begin + mp.chunk);
+    if (kill_after >= 0 && kill_layer < 0 && begin < kill_after)  // the test hook kills where the batch loop would
+      end = std::min(end, (kill_after + o.batch_size - 1) / o.batch_size * o.batch_size);
+    ++chunk_no;
+    std::vector<std::unique_ptr<CalibObserver>> obs;
+    std::vector<Model::ChunkBatch> batches;
+    std::vector<int64_t> row0;  // each batch's first hidden row in the chunk
+    for (int64_t w0 = begin; w0 < end;) {
+      const int64_t n = std::min<int64_t>(o.batch_size - (w0 % o.batch_size), end - w0);
+      obs.push_back(std::make_unique<CalibObserver>(c.moments, c.reservoir, in.shape));
+      pick(w0, n, obs.back()->picks);
+      batches.push_back({window_tensor(in, c.calib_offsets, size_t(w0), size_t(n)), obs.back().get(), nullptr});
+      row0.push_back((w0 - begin) * T);
+      w0 += n;
+    }
+    const int64_t row_bytes = int64_t(in.model.config().hidden_size) * int64_t(sizeof(float));
+    std::unique_ptr<SpillFile> spill;
+    if (mp.spill) {
+      spill = std::make_unique<SpillFile>(o.out, (end - begin) * T * row_bytes);
+      for (size_t i = 0; i < batches.size(); ++i) batches[i].hidden = spill->at(row0[i] * row_bytes);
+    }
+    Model::ChunkHooks hooks;
+    if (spill)
+      hooks.after_step = [&](size_t i, int) {
+        spill->park(row0[i] * row_bytes, batches[i].ids.size(0) * T * row_bytes);
+      };
+    hooks.after_layer = [&](int l) {
+      const int64_t steps = (begin - start) * L + (end - begin) * (l + 1);
+      char detail[96];
+      std::snprintf(detail, sizeof detail, "windows %lld-%lld/%lld  chunk %lld/%lld  layer %d/%d", (long long)begin,
+                    (long long)end, (long long)n_win, (long long)chunk_no, (long long)n_chunks, l + 1, L);
+      prog.update(steps, steps / L * T, detail);
+      if (kill_layer == l && end > kill_after) std::raise(SIGKILL);
+    };
+    in.model.forward_chunk(batches, hooks);
+    c.windows_done = end;
+    if (o.checkpoint_every > 0 && c.windows_done < n_win && c.windows_done - last_ckpt >= o.checkpoint_every) {
+      checkpoint();
+      last_ckpt = c.windows_done;
+      spdlog::debug("checkpoint at window {}", c.windows_done);
+    }
+    if (kill_after >= 0 && kill_layer < 0 && c.windows_done >= kill_after) std::raise(SIGKILL);
+  }
+  prog.finish();
+}
+
 void run_windows(const Inputs& in, const CaptureOptions& o, CalibFile& c,
                  const std::function<void(int64_t w0, int64_t n, Picks& picks)>& pick,
                  const std::function<void()>& checkpoint, bool quiet, int64_t kill_after) {
   const int T = in.plan.seq_len;
-  CalibObserver obs(c.moments, c.reservoir, in.shape);
   const int64_t n_win = int64_t(c.calib_offsets.size());
+  if (o.stream) {
+    run_windows_streamed(in, o, c, pick, checkpoint, quiet, kill_after);
+    return;
+  }
+  CalibObserver obs(c.moments, c.reservoir, in.shape);
   Progress prog("calib-capture", n_win, "tok", quiet);
   int64_t tokens_done = 0;
   int64_t last_ckpt = c.windows_done;
@@ -342,6 +546,28 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
   spdlog::info("wrote {} ({} calibration windows, {} held out, {} reservoir tokens)", o.out, offsets.size(),
                c.holdout.windows, filled);
   return read_calib(o.out, false);
+}
+
+int64_t parse_memory_size(const std::string& text, const std::string& field) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  std::string unit = text.substr(used);
+  if (!unit.empty() && (unit.back() == 'B' || unit.back() == 'b')) unit.pop_back();
+  if (!unit.empty() && (unit.back() == 'i')) unit.pop_back();
+  double mul = 1;
+  if (unit == "k" || unit == "K") mul = 1024.0;
+  else if (unit == "m" || unit == "M") mul = 1024.0 * 1024;
+  else if (unit == "g" || unit == "G") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "T") mul = 1024.0 * 1024 * 1024 * 1024;
+  else if (!unit.empty()) used = 0;
+  if (used == 0 || !std::isfinite(v) || v <= 0 || v * mul > 9.0e18)
+    throw Error("", field, "'" + text + "' is not a memory size (e.g. 6G, 1500M, 123456)");
+  return int64_t(v * mul);
 }
 
 }  // namespace kvq

@@ -16,6 +16,19 @@ namespace kvq::capture_detail {
 
 inline constexpr uint64_t kReservoirStream = 0x7265736572766f69ULL;  // reservoir draws independent of the window draw
 
+// How the streamed forward fits --max-memory (plan_memory).
+struct MemoryPlan {
+  int64_t budget = 0;      // bytes
+  int64_t layer = 0;       // the largest layer: fp32 + stored bytes
+  int widest_layer = 0;
+  int64_t scratch = 0;     // one batch's forward scratch
+  int64_t payload = 0;     // what the calibration file holds in memory (reservoir, held-out, moments)
+  int64_t per_window = 0;  // one window's hidden states
+  int64_t chunk = 0;       // windows per chunk (a multiple of --batch)
+  bool spill = false;      // the chunk's hidden states live in a temporary file beside --out
+  int64_t peak() const { return layer + scratch + payload + (spill ? 0 : chunk * per_window); }
+};
+
 // What a run derives from its inputs before the first forward.
 struct Inputs {
   explicit Inputs(Model m) : model(std::move(m)) {}
@@ -25,10 +38,15 @@ struct Inputs {
   std::vector<int64_t> offsets;  // this run's calibration windows (the --windows range of the plan)
   MomentShape shape;
   CalibProvenance prov;
+  MemoryPlan memory;  // streamed runs
 };
 
 // Validates the options, loads model and tokenizer, tokenizes the corpus, plans the windows.
 std::unique_ptr<Inputs> prepare(const CaptureOptions& o);
+
+// The streamed forward's memory plan for this run; throws kvq::Error naming --max-memory when one
+// layer's pass cannot fit. Logs the plan at debug level (-v).
+MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o);
 
 // Refuses (kvq::Error naming the field) to continue `old` with another run's inputs or plan.
 void check_resumable(const std::string& out, const CalibFile& old, const CalibProvenance& want,

@@ -1,4 +1,7 @@
 // HF checkpoints: config.json + safetensors (single file or sharded through an index).
+#include <ATen/Parallel.h>
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -382,139 +385,225 @@ ModelConfig parse_hf_config(const std::string& path) {
   return c;
 }
 
-void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::string* config_sha256) {
+namespace {
+
+struct WantTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// The tensors of decoder layer l, with the shapes the config implies.
+std::vector<WantTensor> layer_tensors(const ModelConfig& c, int l) {
+  const int64_t D = c.hidden_size, I = c.intermediate_size;
+  const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  std::vector<WantTensor> w;
+  w.push_back({p + "input_layernorm.weight", {D}});
+  w.push_back({p + "self_attn.q_proj.weight", {qd, D}});
+  w.push_back({p + "self_attn.k_proj.weight", {kvd, D}});
+  w.push_back({p + "self_attn.v_proj.weight", {kvd, D}});
+  if (c.qkv_bias) {
+    w.push_back({p + "self_attn.q_proj.bias", {qd}});
+    w.push_back({p + "self_attn.k_proj.bias", {kvd}});
+    w.push_back({p + "self_attn.v_proj.bias", {kvd}});
+  }
+  w.push_back({p + "self_attn.o_proj.weight", {D, qd}});
+  if (c.o_bias) w.push_back({p + "self_attn.o_proj.bias", {D}});
+  if (c.qk_norm) {
+    w.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
+    w.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
+  }
+  w.push_back({p + "post_attention_layernorm.weight", {D}});
+  if (c.is_moe_layer(l)) {
+    const int64_t E = c.n_experts, Ie = c.moe_intermediate_size;
+    w.push_back({router_name(c, l), {E, D}});
+    for (int e = 0; e < E; ++e) {
+      const ExpertNames n = expert_names(c, l, e);
+      w.push_back({n.gate, {Ie, D}});
+      w.push_back({n.up, {Ie, D}});
+      w.push_back({n.down, {D, Ie}});
+    }
+  } else {
+    w.push_back({p + "mlp.gate_proj.weight", {I, D}});
+    w.push_back({p + "mlp.up_proj.weight", {I, D}});
+    w.push_back({p + "mlp.down_proj.weight", {D, I}});
+  }
+  return w;
+}
+
+// An opened, fully validated HF checkpoint: every tensor's file, dtype and shape checked before
+// any is converted. Converts on demand; the whole-model load and the streamed forward both build
+// their fp32 layers here.
+class HfCheckpoint final : public LayerSource {
+ public:
+  HfCheckpoint(const std::string& dir, const std::string& config_path, const ModelConfig& c) : c_(c) {
+    // Where each tensor lives: one file, or the shard named by the index's weight_map.
+    const std::string single = (fs::path(dir) / "model.safetensors").string();
+    const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
+    if (fs::exists(single)) {
+      source_ = single;
+      auto f = std::make_unique<SafetensorsFile>(single);
+      for (const auto& kv : f->tensors()) owner_[kv.first] = f.get();
+      shards_[single] = std::move(f);
+    } else if (fs::exists(index)) {
+      source_ = index;
+      const json j = parse_json_file(index);
+      if (!j.contains("weight_map") || !j["weight_map"].is_object())
+        throw Error(index, "weight_map", "missing or not an object");
+      for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
+        const std::string field = "weight_map['" + it.key() + "']";
+        if (!it.value().is_string()) throw Error(index, field, "expected a file name, found " + it.value().dump());
+        const std::string shard = it.value().get<std::string>();
+        if (shard.empty() || shard.find('/') != std::string::npos || shard == "..")
+          throw Error(index, field, "'" + shard + "' is not a file name in the model directory");
+        const std::string shard_path = (fs::path(dir) / shard).string();
+        auto& f = shards_[shard_path];
+        if (!f) {
+          if (!fs::exists(shard_path)) throw Error(index, field, "shard '" + shard + "' does not exist");
+          f = std::make_unique<SafetensorsFile>(shard_path);
+        }
+        owner_[it.key()] = f.get();
+      }
+    } else {
+      throw Error(dir, "model.safetensors", "missing (and no model.safetensors.index.json)");
+    }
+    const int64_t D = c.hidden_size, V = c.vocab_size;
+    // Validate everything before converting anything.
+    if (c.n_experts > 0) check_expert_count(c, config_path, owner_, source_);
+    file_of("model.embed_tokens.weight").check("model.embed_tokens.weight", {V, D});
+    for (int l = 0; l < c.n_layers; ++l)
+      for (const auto& want : layer_tensors(c, l)) file_of(want.name).check(want.name, want.shape);
+    file_of("model.norm.weight").check("model.norm.weight", {D});
+    if (!c.tie_word_embeddings) file_of("lm_head.weight").check("lm_head.weight", {V, D});
+  }
+
+  at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) const {
+    return file_of(name).load_f32(name, shape);
+  }
+
+  void build(int l, LayerWeights* out) const override {
+    const ModelConfig& c = c_;
+    const int64_t D = c.hidden_size, I = c.intermediate_size;
+    const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    // Converts tensor `name` into rows of a stacked tensor (a contiguous row range of dst).
+    auto into = [&](const std::string& name, at::Tensor dst) {
+      const SafetensorsFile& f = file_of(name);
+      float* d = dst.data_ptr<float>();
+      at::parallel_for(0, dst.numel(), 1 << 16, [&](int64_t b, int64_t e) { f.read_f32(name, b, e, d + b); });
+    };
+    auto stack = [&](const std::vector<std::string>& names, const std::vector<int64_t>& rows, int64_t cols) {
+      int64_t total = 0;
+      for (int64_t r : rows) total += r;
+      at::Tensor t = cols > 0 ? at::empty({total, cols}, at::kFloat) : at::empty({total}, at::kFloat);
+      int64_t at_row = 0;
+      for (size_t i = 0; i < names.size(); ++i) {
+        into(names[i], t.narrow(0, at_row, rows[i]));
+        at_row += rows[i];
+      }
+      return t;
+    };
+    LayerWeights L;
+    L.attn_norm = load(p + "input_layernorm.weight", {D});
+    L.wqkv = stack({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
+                   {qd, kvd, kvd}, D);
+    if (c.qkv_bias)
+      L.bqkv = stack({p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
+                     {qd, kvd, kvd}, 0);
+    L.wo = load(p + "self_attn.o_proj.weight", {D, qd});
+    if (c.o_bias) L.bo = load(p + "self_attn.o_proj.bias", {D});
+    L.ffn_norm = load(p + "post_attention_layernorm.weight", {D});
+    if (c.qk_norm) {
+      L.q_norm = load(p + "self_attn.q_norm.weight", {c.head_dim});
+      L.k_norm = load(p + "self_attn.k_norm.weight", {c.head_dim});
+    }
+    if (c.is_moe_layer(l)) {
+      const int64_t Ie = c.moe_intermediate_size;
+      L.router = load(router_name(c, l), {c.n_experts, D});
+      for (int e = 0; e < c.n_experts; ++e) {
+        const ExpertNames n = expert_names(c, l, e);
+        L.expert_gate_up.push_back(stack({n.gate, n.up}, {Ie, Ie}, D));
+        L.expert_down.push_back(load(n.down, {D, Ie}));
+      }
+    } else {
+      L.w_gate_up = stack({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {I, I}, D);
+      L.w_down = load(p + "mlp.down_proj.weight", {D, I});
+    }
+    *out = std::move(L);
+  }
+
+  void release(int l) const override {
+    for (const auto& want : layer_tensors(c_, l)) file_of(want.name).drop(want.name);
+  }
+
+  int64_t stored_bytes(int l) const override {
+    int64_t n = 0;
+    for (const auto& want : layer_tensors(c_, l)) n += int64_t(file_of(want.name).stored_bytes(want.name));
+    return n;
+  }
+
+  at::Tensor embed_rows(const at::Tensor& ids) const override {
+    const std::string name = "model.embed_tokens.weight";
+    const SafetensorsFile& f = file_of(name);
+    const int64_t N = ids.numel(), D = c_.hidden_size;
+    at::Tensor out = at::empty({N, D}, at::kFloat);
+    const int64_t* id = ids.data_ptr<int64_t>();
+    float* o = out.data_ptr<float>();
+    at::parallel_for(0, N, std::max<int64_t>(1, 8192 / D), [&](int64_t b, int64_t e) {
+      for (int64_t r = b; r < e; ++r) f.read_f32(name, id[r] * D, (id[r] + 1) * D, o + r * D);
+    });
+    return out;
+  }
+
+  at::Tensor lm_head() const override {
+    const std::string name = c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    at::Tensor t = load(name, {c_.vocab_size, c_.hidden_size});
+    file_of(name).drop(name);
+    return t;
+  }
+
+  void drop(const std::string& name) const { file_of(name).drop(name); }
+
+ private:
+  const SafetensorsFile& file_of(const std::string& name) const {
+    auto it = owner_.find(name);
+    if (it == owner_.end())
+      throw Error(source_, "tensor '" + name + "'", source_.size() > 5 && source_.substr(source_.size() - 5) == ".json"
+                                                        ? "not in weight_map"
+                                                        : "missing");
+    return *it->second;
+  }
+
+  ModelConfig c_;
+  std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
+  std::map<std::string, const SafetensorsFile*> owner_;
+  std::string source_;  // the file named when a tensor is absent
+};
+
+}  // namespace
+
+void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::string* config_sha256, bool stream) {
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path)) throw Error(dir, "config.json", "missing");
   *cfg = parse_hf_config(config_path);
   *config_sha256 = sha256_file(config_path);
   const ModelConfig& c = *cfg;
-
-  // Where each tensor lives: one file, or the shard named by the index's weight_map.
-  const std::string single = (fs::path(dir) / "model.safetensors").string();
-  const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
-  std::map<std::string, std::unique_ptr<SafetensorsFile>> shards;
-  std::map<std::string, const SafetensorsFile*> owner;
-  std::string source;  // the file named when a tensor is absent
-  if (fs::exists(single)) {
-    source = single;
-    auto f = std::make_unique<SafetensorsFile>(single);
-    for (const auto& kv : f->tensors()) owner[kv.first] = f.get();
-    shards[single] = std::move(f);
-  } else if (fs::exists(index)) {
-    source = index;
-    const json j = parse_json_file(index);
-    if (!j.contains("weight_map") || !j["weight_map"].is_object())
-      throw Error(index, "weight_map", "missing or not an object");
-    for (auto it = j["weight_map"].begin(); it != j["weight_map"].end(); ++it) {
-      const std::string field = "weight_map['" + it.key() + "']";
-      if (!it.value().is_string()) throw Error(index, field, "expected a file name, found " + it.value().dump());
-      const std::string shard = it.value().get<std::string>();
-      if (shard.empty() || shard.find('/') != std::string::npos || shard == "..")
-        throw Error(index, field, "'" + shard + "' is not a file name in the model directory");
-      const std::string shard_path = (fs::path(dir) / shard).string();
-      auto& f = shards[shard_path];
-      if (!f) {
-        if (!fs::exists(shard_path)) throw Error(index, field, "shard '" + shard + "' does not exist");
-        f = std::make_unique<SafetensorsFile>(shard_path);
-      }
-      owner[it.key()] = f.get();
-    }
-  } else {
-    throw Error(dir, "model.safetensors", "missing (and no model.safetensors.index.json)");
+  auto ckpt = std::make_shared<HfCheckpoint>(dir, config_path, c);
+  w->final_norm = ckpt->load("model.norm.weight", {c.hidden_size});
+  if (stream) {
+    w->source = ckpt;
+    return;
   }
-
-  const int64_t D = c.hidden_size, V = c.vocab_size, I = c.intermediate_size;
-  const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
-  struct Want { std::string name; std::vector<int64_t> shape; };
-  std::vector<Want> wants;
-  wants.push_back({"model.embed_tokens.weight", {V, D}});
-  for (int l = 0; l < c.n_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    wants.push_back({p + "input_layernorm.weight", {D}});
-    wants.push_back({p + "self_attn.q_proj.weight", {qd, D}});
-    wants.push_back({p + "self_attn.k_proj.weight", {kvd, D}});
-    wants.push_back({p + "self_attn.v_proj.weight", {kvd, D}});
-    if (c.qkv_bias) {
-      wants.push_back({p + "self_attn.q_proj.bias", {qd}});
-      wants.push_back({p + "self_attn.k_proj.bias", {kvd}});
-      wants.push_back({p + "self_attn.v_proj.bias", {kvd}});
-    }
-    wants.push_back({p + "self_attn.o_proj.weight", {D, qd}});
-    if (c.o_bias) wants.push_back({p + "self_attn.o_proj.bias", {D}});
-    if (c.qk_norm) {
-      wants.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
-      wants.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
-    }
-    wants.push_back({p + "post_attention_layernorm.weight", {D}});
-    if (c.is_moe_layer(l)) {
-      const int64_t E = c.n_experts, Ie = c.moe_intermediate_size;
-      wants.push_back({router_name(c, l), {E, D}});
-      for (int e = 0; e < E; ++e) {
-        const ExpertNames n = expert_names(c, l, e);
-        wants.push_back({n.gate, {Ie, D}});
-        wants.push_back({n.up, {Ie, D}});
-        wants.push_back({n.down, {D, Ie}});
-      }
-    } else {
-      wants.push_back({p + "mlp.gate_proj.weight", {I, D}});
-      wants.push_back({p + "mlp.up_proj.weight", {I, D}});
-      wants.push_back({p + "mlp.down_proj.weight", {D, I}});
-    }
-  }
-  wants.push_back({"model.norm.weight", {D}});
-  if (!c.tie_word_embeddings) wants.push_back({"lm_head.weight", {V, D}});
-
-  auto file_of = [&](const std::string& name) -> const SafetensorsFile& {
-    auto it = owner.find(name);
-    if (it == owner.end())
-      throw Error(source, "tensor '" + name + "'", source == index ? "not in weight_map" : "missing");
-    return *it->second;
-  };
-  // Validate everything before allocating anything.
-  if (c.n_experts > 0) check_expert_count(c, config_path, owner, source);
-  for (const auto& want : wants) file_of(want.name).check(want.name, want.shape);
-
-  std::map<std::string, at::Tensor> t;
-  for (const auto& want : wants) t[want.name] = file_of(want.name).load_f32(want.name, want.shape);
-
-  w->embed = t.at("model.embed_tokens.weight");
-  w->final_norm = t.at("model.norm.weight");
-  w->lm_head = c.tie_word_embeddings ? w->embed : t.at("lm_head.weight");
+  // Whole model: every layer converted, each layer's stored pages dropped once it is (the peak is
+  // the fp32 model plus one layer's stored bytes, not the fp32 model plus the whole checkpoint).
+  w->embed = ckpt->load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
+  ckpt->drop("model.embed_tokens.weight");
   w->layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    LayerWeights& L = w->layers[l];
-    L.attn_norm = t.at(p + "input_layernorm.weight");
-    L.wqkv = at::cat({t.at(p + "self_attn.q_proj.weight"), t.at(p + "self_attn.k_proj.weight"),
-                      t.at(p + "self_attn.v_proj.weight")}, 0);
-    if (c.qkv_bias)
-      L.bqkv = at::cat({t.at(p + "self_attn.q_proj.bias"), t.at(p + "self_attn.k_proj.bias"),
-                        t.at(p + "self_attn.v_proj.bias")}, 0);
-    L.wo = t.at(p + "self_attn.o_proj.weight");
-    if (c.o_bias) L.bo = t.at(p + "self_attn.o_proj.bias");
-    L.ffn_norm = t.at(p + "post_attention_layernorm.weight");
-    if (c.qk_norm) {
-      L.q_norm = t.at(p + "self_attn.q_norm.weight");
-      L.k_norm = t.at(p + "self_attn.k_norm.weight");
-    }
-    if (c.is_moe_layer(l)) {
-      L.router = t.at(router_name(c, l));
-      for (int e = 0; e < c.n_experts; ++e) {
-        const ExpertNames n = expert_names(c, l, e);
-        L.expert_gate_up.push_back(at::cat({t.at(n.gate), t.at(n.up)}, 0));
-        L.expert_down.push_back(t.at(n.down));
-        t.erase(n.gate);
-        t.erase(n.up);
-      }
-    } else {
-      L.w_gate_up = at::cat({t.at(p + "mlp.gate_proj.weight"), t.at(p + "mlp.up_proj.weight")}, 0);
-      L.w_down = t.at(p + "mlp.down_proj.weight");
-      t.erase(p + "mlp.gate_proj.weight");
-      t.erase(p + "mlp.up_proj.weight");
-    }
-    for (const char* n : {"self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"})
-      t.erase(p + n);  // the stacked copies replace them; free as we go
+    ckpt->build(l, &w->layers[size_t(l)]);
+    ckpt->release(l);
   }
+  w->lm_head = c.tie_word_embeddings ? w->embed : ckpt->lm_head();
 }
 
 }  // namespace kvq::detail

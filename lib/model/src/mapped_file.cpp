@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -31,6 +32,15 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     data_ = static_cast<const uint8_t*>(p);
   }
   ::close(fd);  // the mapping keeps the file alive
+}
+
+void MappedFile::drop(uint64_t offset, uint64_t len) const {
+  if (!data_ || offset >= size_ || len == 0) return;
+  const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+  const uint64_t end = std::min(size_, offset + len);
+  const uint64_t b = offset / page * page, e = (end + page - 1) / page * page;
+  // Advice only: a failure leaves the pages resident, which costs memory, not correctness.
+  (void)::madvise(const_cast<uint8_t*>(data_) + b, std::min(e, (size_ + page - 1) / page * page) - b, MADV_DONTNEED);
 }
 
 MappedFile::~MappedFile() {

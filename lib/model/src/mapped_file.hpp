@@ -17,6 +17,10 @@ class MappedFile {
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  // Hands the pages of bytes [offset, offset + len) back to the kernel (madvise DONTNEED; the
+  // mapping is read-only and file-backed, so a later read pages them in again from the file).
+  // Whole pages covering the range are dropped; out-of-range parts are clipped.
+  void drop(uint64_t offset, uint64_t len) const;
 
  private:
   std::string path_;

@@ -23,7 +23,9 @@ Model::Model(Model&&) noexcept = default;
 Model& Model::operator=(Model&&) noexcept = default;
 Model::~Model() = default;
 
-Model Model::load(const std::string& path) {
+Model Model::load(const std::string& path) { return load(path, LoadOptions{}); }
+
+Model Model::load(const std::string& path, const LoadOptions& lo) {
   const fs::path p(path);
   std::error_code ec;
   if (!fs::exists(p, ec)) throw Error(path, "", "no such file or directory");
@@ -32,12 +34,12 @@ Model Model::load(const std::string& path) {
   m.path_ = path;
   const std::string name = p.filename().string();
   if (fs::is_directory(p)) {
-    detail::load_hf(path, &m.config_, m.w_.get(), &m.config_sha256_);
+    detail::load_hf(path, &m.config_, m.w_.get(), &m.config_sha256_, lo.stream);
   } else if (name == "config.json" || name == "model.safetensors.index.json" ||
              p.extension() == ".safetensors") {
     // A file inside an HF directory stands for the directory.
     const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-    detail::load_hf(dir, &m.config_, m.w_.get(), &m.config_sha256_);
+    detail::load_hf(dir, &m.config_, m.w_.get(), &m.config_sha256_, lo.stream);
     m.path_ = dir;
   } else {
     detail::load_llama2c(path, &m.config_, m.w_.get(), &m.config_sha256_);
@@ -416,110 +418,245 @@ void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Ten
 
 }  // namespace
 
+namespace {
+
+// ids as a contiguous [B, T] int64 tensor, checked against the vocabulary.
+at::Tensor checked_ids(const at::Tensor& ids_in, const ModelConfig& c, const std::string& path) {
+  if (!ids_in.defined() || (ids_in.dim() != 1 && ids_in.dim() != 2) || ids_in.numel() == 0)
+    throw Error(path, "ids", "expected a non-empty [T] or [B, T] tensor of token ids");
+  if (ids_in.scalar_type() != at::kLong && ids_in.scalar_type() != at::kInt)
+    throw Error(path, "ids", std::string("expected int64 token ids, got ") + c10::toString(ids_in.scalar_type()));
+  at::Tensor ids = ids_in.to(at::kCPU, at::kLong).contiguous();
+  if (ids.dim() == 1) ids = ids.unsqueeze(0);
+  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
+  if (lo < 0 || hi >= c.vocab_size)
+    throw Error(path, "ids", "token id " + std::to_string(lo < 0 ? lo : hi) + " is outside the vocabulary [0, " +
+                                 std::to_string(c.vocab_size) + ")");
+  return ids;
+}
+
+// One batch's state through the layers: positions, RoPE table and the residual stream x [N, D].
+struct Pass {
+  int64_t B = 0, T = 0;
+  std::vector<int64_t> positions;
+  RopeTable rope;
+  at::Tensor x;
+};
+
+Pass make_pass(const at::Tensor& ids, const ModelConfig& c, int64_t pos0, const ModelWeights& w, float* hidden) {
+  Pass p;
+  p.B = ids.size(0);
+  p.T = ids.size(1);
+  p.positions.resize(size_t(p.T));
+  for (int64_t t = 0; t < p.T; ++t) p.positions[size_t(t)] = pos0 + t;
+  // `dynamic` RoPE depends on the length run: HF takes the largest position + 1.
+  p.rope = make_rope_table(p.positions.data(), int(p.T), rope_params(c, pos0 + p.T), false);
+  const at::Tensor flat = ids.view({p.B * p.T});
+  // The residual stream, a fresh copy of the embedding rows (gathered from the checkpoint when
+  // streamed: the same fp32 values as the converted table's rows).
+  at::Tensor e = w.source ? w.source->embed_rows(flat) : at::index_select(w.embed, 0, flat);
+  if (hidden) {
+    p.x = at::from_blob(hidden, {p.B * p.T, int64_t(c.hidden_size)}, at::kFloat);
+    p.x.copy_(e);
+  } else {
+    p.x = e;
+  }
+  return p;
+}
+
+// Decoder layer l on one batch: x += attention(norm(x)); x += mlp(norm(x)), with the observer and
+// the K/V hooks of opts.
+void layer_step(const ModelConfig& c, const LayerWeights& L, int l, Workspace& ws, Pass& p,
+                const Model::ForwardOptions& opts) {
+  const int64_t B = p.B, T = p.T, N = B * T;
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim, I = c.intermediate_size;
+  const int64_t qd = H * d, kvd = Hk * d;
+  at::Tensor& x = p.x;
+  rms_norm(x, L.attn_norm, c.rms_norm_eps, ws.h);
+  if (L.bqkv.defined())
+    at::addmm_out(ws.qkv, L.bqkv, ws.h, L.wqkv.t());
+  else
+    at::mm_out(ws.qkv, ws.h, L.wqkv.t());
+  ws.q.copy_(ws.qkv.narrow(1, 0, qd));
+  ws.k.copy_(ws.qkv.narrow(1, qd, kvd));
+  ws.v.copy_(ws.qkv.narrow(1, qd + kvd, kvd));
+  if (L.q_norm.defined()) {  // Qwen3: per-head RMSNorm before RoPE (in place: row-wise, read then write)
+    at::Tensor qr = ws.q.view({N * H, d}), kr = ws.k.view({N * Hk, d});
+    rms_norm(qr, L.q_norm, c.rms_norm_eps, qr);
+    rms_norm(kr, L.k_norm, c.rms_norm_eps, kr);
+  }
+  if (opts.observer) {
+    LayerCapture cap;
+    cap.layer = l;
+    cap.batch = int(B);
+    cap.seq = int(T);
+    cap.n_heads = int(H);
+    cap.n_kv_heads = int(Hk);
+    cap.head_dim = int(d);
+    cap.q = ws.q.data_ptr<float>();
+    cap.k = ws.k.data_ptr<float>();
+    cap.v = ws.v.data_ptr<float>();
+    cap.positions = p.positions.data();
+    opts.observer->on_layer(cap);
+  }
+  // The pre-RoPE K/V of this layer as the hooks see them (k, v: the buffers they may rewrite).
+  auto layer_kv = [&](at::Tensor& k, at::Tensor& v) {
+    LayerKv kv;
+    kv.layer = l;
+    kv.batch = int(B);
+    kv.seq = int(T);
+    kv.n_kv_heads = int(Hk);
+    kv.head_dim = int(d);
+    kv.k = k.data_ptr<float>();
+    kv.v = v.data_ptr<float>();
+    kv.positions = p.positions.data();
+    return kv;
+  };
+  if (opts.kv_transform) {
+    LayerKv kv = layer_kv(ws.k, ws.v);
+    opts.kv_transform->apply(kv);
+  }
+  if (opts.protected_kv) {
+    ws.kq.copy_(ws.k);
+    ws.vq.copy_(ws.v);
+    LayerKv kv = layer_kv(ws.kq, ws.vq);
+    opts.protected_kv->code(kv);
+    rope_rows(ws.kq.data_ptr<float>(), B, int(T), Hk, int(d), p.rope, c.pairing, false);
+  }
+  rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), p.rope, c.pairing, false);
+  rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), p.rope, c.pairing, false);
+  if (opts.protected_kv)
+    attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent);
+  else
+    attention(ws, B, T, c, c.window_of(l));
+  if (L.bo.defined()) x.add_(L.bo);
+  x.addmm_(ws.attn, L.wo.t());
+
+  rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
+  if (L.router.defined()) {
+    moe_mlp(ws, L, c, x);
+  } else {
+    at::mm_out(ws.gate_up, ws.h, L.w_gate_up.t());
+    at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
+    ws.act.mul_(ws.gate_up.narrow(1, I, I));
+    x.addmm_(ws.act, L.w_down.t());
+  }
+}
+
+// Layer l's fp32 weights for the duration of one use: the resident ones, or converted from the
+// checkpoint (and its stored pages dropped) when streamed.
+class LayerLease {
+ public:
+  LayerLease(const ModelWeights& w, int l) : w_(w), l_(l) {
+    if (w.source) w.source->build(l, &own_);
+  }
+  ~LayerLease() {
+    if (w_.source) {
+      own_ = LayerWeights{};
+      w_.source->release(l_);
+    }
+  }
+  LayerLease(const LayerLease&) = delete;
+  LayerLease& operator=(const LayerLease&) = delete;
+  const LayerWeights& get() const { return w_.source ? own_ : w_.layers[size_t(l_)]; }
+
+ private:
+  const ModelWeights& w_;
+  int l_;
+  LayerWeights own_;
+};
+
+}  // namespace
+
 at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) const {
   c10::InferenceMode guard;
   const ModelConfig& c = config_;
-  if (!ids_in.defined() || (ids_in.dim() != 1 && ids_in.dim() != 2) || ids_in.numel() == 0)
-    throw Error(path_, "ids", "expected a non-empty [T] or [B, T] tensor of token ids");
-  if (ids_in.scalar_type() != at::kLong && ids_in.scalar_type() != at::kInt)
-    throw Error(path_, "ids", std::string("expected int64 token ids, got ") + c10::toString(ids_in.scalar_type()));
-  at::Tensor ids = ids_in.to(at::kCPU, at::kLong).contiguous();
-  if (ids.dim() == 1) ids = ids.unsqueeze(0);
-  const int64_t B = ids.size(0), T = ids.size(1), N = B * T;
-  const int64_t lo = ids.min().item<int64_t>(), hi = ids.max().item<int64_t>();
-  if (lo < 0 || hi >= c.vocab_size)
-    throw Error(path_, "ids", "token id " + std::to_string(lo < 0 ? lo : hi) + " is outside the vocabulary [0, " +
-                                  std::to_string(c.vocab_size) + ")");
+  const at::Tensor ids = checked_ids(ids_in, c, path_);
   if (opts.pos0 < 0) throw Error(path_, "pos0", std::to_string(opts.pos0) + " is negative");
-
-  std::vector<int64_t> positions(T);
-  for (int64_t t = 0; t < T; ++t) positions[t] = opts.pos0 + t;
-  // `dynamic` RoPE depends on the length run: HF takes the largest position + 1.
-  const RopeTable rope = make_rope_table(positions.data(), int(T), rope_params(c, opts.pos0 + T), false);
-  const int64_t H = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim, I = c.intermediate_size;
-  const int64_t qd = H * d, kvd = Hk * d;
   if (opts.protected_kv && (opts.protected_kv->sink < 0 || opts.protected_kv->recent < 0))
     throw Error(path_, opts.protected_kv->sink < 0 ? "sink" : "recent", "must be >= 0");
+  const int64_t B = ids.size(0), T = ids.size(1);
   WorkspaceLease lease(*w_, c, B, T);
   Workspace& ws = lease.get();
   if (opts.protected_kv) ws.ensure_protected();
 
-  at::Tensor x = at::index_select(w_->embed, 0, ids.view({N}));  // [N, D] residual stream, a fresh copy
+  Pass p = make_pass(ids, c, opts.pos0, *w_, nullptr);
   for (int l = 0; l < c.n_layers; ++l) {
-    const LayerWeights& L = w_->layers[l];
-    rms_norm(x, L.attn_norm, c.rms_norm_eps, ws.h);
-    if (L.bqkv.defined())
-      at::addmm_out(ws.qkv, L.bqkv, ws.h, L.wqkv.t());
-    else
-      at::mm_out(ws.qkv, ws.h, L.wqkv.t());
-    ws.q.copy_(ws.qkv.narrow(1, 0, qd));
-    ws.k.copy_(ws.qkv.narrow(1, qd, kvd));
-    ws.v.copy_(ws.qkv.narrow(1, qd + kvd, kvd));
-    if (L.q_norm.defined()) {  // Qwen3: per-head RMSNorm before RoPE (in place: row-wise, read then write)
-      at::Tensor qr = ws.q.view({N * H, d}), kr = ws.k.view({N * Hk, d});
-      rms_norm(qr, L.q_norm, c.rms_norm_eps, qr);
-      rms_norm(kr, L.k_norm, c.rms_norm_eps, kr);
-    }
-    if (opts.observer) {
-      LayerCapture cap;
-      cap.layer = l;
-      cap.batch = int(B);
-      cap.seq = int(T);
-      cap.n_heads = int(H);
-      cap.n_kv_heads = int(Hk);
-      cap.head_dim = int(d);
-      cap.q = ws.q.data_ptr<float>();
-      cap.k = ws.k.data_ptr<float>();
-      cap.v = ws.v.data_ptr<float>();
-      cap.positions = positions.data();
-      opts.observer->on_layer(cap);
-    }
-    // The pre-RoPE K/V of this layer as the hooks see them (k, v: the buffers they may rewrite).
-    auto layer_kv = [&](at::Tensor& k, at::Tensor& v) {
-      LayerKv kv;
-      kv.layer = l;
-      kv.batch = int(B);
-      kv.seq = int(T);
-      kv.n_kv_heads = int(Hk);
-      kv.head_dim = int(d);
-      kv.k = k.data_ptr<float>();
-      kv.v = v.data_ptr<float>();
-      kv.positions = positions.data();
-      return kv;
-    };
-    if (opts.kv_transform) {
-      LayerKv kv = layer_kv(ws.k, ws.v);
-      opts.kv_transform->apply(kv);
-    }
-    if (opts.protected_kv) {
-      ws.kq.copy_(ws.k);
-      ws.vq.copy_(ws.v);
-      LayerKv kv = layer_kv(ws.kq, ws.vq);
-      opts.protected_kv->code(kv);
-      rope_rows(ws.kq.data_ptr<float>(), B, int(T), Hk, int(d), rope, c.pairing, false);
-    }
-    rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), rope, c.pairing, false);
-    rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), rope, c.pairing, false);
-    if (opts.protected_kv)
-      attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent);
-    else
-      attention(ws, B, T, c, c.window_of(l));
-    if (L.bo.defined()) x.add_(L.bo);
-    x.addmm_(ws.attn, L.wo.t());
-
-    rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
-    if (L.router.defined()) {
-      moe_mlp(ws, L, c, x);
-    } else {
-      at::mm_out(ws.gate_up, ws.h, L.w_gate_up.t());
-      at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
-      ws.act.mul_(ws.gate_up.narrow(1, I, I));
-      x.addmm_(ws.act, L.w_down.t());
-    }
+    const LayerLease L(*w_, l);
+    layer_step(c, L.get(), l, ws, p, opts);
   }
   if (!opts.logits) return at::Tensor();
-  rms_norm(x, w_->final_norm, c.rms_norm_eps, ws.h);
-  return at::mm(ws.h, w_->lm_head.t()).view({B, T, c.vocab_size});
+  rms_norm(p.x, w_->final_norm, c.rms_norm_eps, ws.h);
+  const at::Tensor head = w_->source ? w_->source->lm_head() : w_->lm_head;
+  return at::mm(ws.h, head.t()).view({B, T, c.vocab_size});
+}
+
+void Model::forward_chunk(const std::vector<ChunkBatch>& batches, const ChunkHooks& hooks) const {
+  c10::InferenceMode guard;
+  const ModelConfig& c = config_;
+  std::vector<Pass> passes;
+  passes.reserve(batches.size());
+  // One scratch per batch shape (a chunk holds at most a short first and last batch besides).
+  std::vector<std::shared_ptr<Workspace>> ws(batches.size());
+  std::vector<ForwardOptions> opts(batches.size());
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const at::Tensor ids = checked_ids(batches[i].ids, c, path_);
+    for (size_t k = 0; k < i && !ws[i]; ++k)
+      if (ws[k]->batch == ids.size(0) && ws[k]->seq == ids.size(1)) ws[i] = ws[k];
+    if (!ws[i]) ws[i] = std::make_shared<Workspace>(c, ids.size(0), ids.size(1));
+    opts[i].observer = batches[i].observer;
+    opts[i].logits = false;
+    passes.push_back(make_pass(ids, c, 0, *w_, batches[i].hidden));
+    if (hooks.after_step) hooks.after_step(i, -1);  // the embedding written
+  }
+  for (int l = 0; l < c.n_layers; ++l) {
+    {
+      const LayerLease L(*w_, l);
+      for (size_t i = 0; i < passes.size(); ++i) {
+        layer_step(c, L.get(), l, *ws[i], passes[i], opts[i]);
+        if (hooks.after_step) hooks.after_step(i, l);
+      }
+    }
+    if (hooks.after_layer) hooks.after_layer(l);
+  }
+}
+
+bool Model::streamed() const { return w_->source != nullptr; }
+
+int64_t Model::layer_fp32_bytes(int l) const { return ::kvq::layer_fp32_bytes(config_, l); }
+
+int64_t Model::layer_stored_bytes(int l) const { return w_->source ? w_->source->stored_bytes(l) : 0; }
+
+int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
+  const int64_t N = B * T, H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
+  int64_t f = N * (int64_t(c.hidden_size) + (H + 2 * Hk) * d + H * d + 2 * Hk * d + H * d);
+  bool any_dense = false, any_moe = false;
+  for (int l = 0; l < c.n_layers; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
+  if (any_dense) f += N * 3 * int64_t(c.intermediate_size);
+  if (any_moe) f += N * (2 * int64_t(c.hidden_size) + 3 * int64_t(c.moe_intermediate_size));
+  // Attention blocks (Workspace's chunk of windows and query blocks of tb positions).
+  const int64_t tb = std::min<int64_t>(T, std::max<int64_t>(64, (T + 7) / 8));
+  const int64_t per_window = H * tb * T * int64_t(sizeof(float));
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(B, (int64_t(4) << 20) / per_window));
+  f += chunk * Hk * (T * G * d + 2 * T * d + 2 * tb * G * T + tb * G * d) + tb * G * tb;
+  // The residual stream and one layer's transient products (the MLP's pre-activation copy, the
+  // embedding gathered before it is copied).
+  f += 2 * N * int64_t(c.hidden_size);
+  return f * int64_t(sizeof(float));
+}
+
+int64_t layer_fp32_bytes(const ModelConfig& c, int l) {
+  const int64_t D = c.hidden_size, I = c.intermediate_size, d = c.head_dim;
+  const int64_t qd = int64_t(c.n_heads) * d, kvd = int64_t(c.n_kv_heads) * d;
+  int64_t n = 2 * D + (qd + 2 * kvd) * D + D * qd;
+  if (c.qkv_bias) n += qd + 2 * kvd;
+  if (c.o_bias) n += D;
+  if (c.qk_norm) n += 2 * d;
+  if (c.is_moe_layer(l))
+    n += int64_t(c.n_experts) * D + int64_t(c.n_experts) * 3 * int64_t(c.moe_intermediate_size) * D;
+  else
+    n += 3 * I * D;
+  return n * int64_t(sizeof(float));
 }
 
 void apply_rope_windows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,

@@ -142,6 +142,15 @@ void SafetensorsFile::check(const std::string& name, const std::vector<int64_t>&
                     " expected from the config");
 }
 
+void SafetensorsFile::drop(const std::string& name) const {
+  if (const StTensorInfo* t = find(name)) file_.drop(uint64_t(data_ - file_.data()) + t->begin, t->end - t->begin);
+}
+
+uint64_t SafetensorsFile::stored_bytes(const std::string& name) const {
+  const StTensorInfo* t = find(name);
+  return t ? t->end - t->begin : 0;
+}
+
 void SafetensorsFile::read_f32(const std::string& name, int64_t begin, int64_t end, float* dst) const {
   const StTensorInfo* t = find(name);
   KVQ_ASSERT(t != nullptr && (t->dtype == "F32" || t->dtype == "F16" || t->dtype == "BF16"));

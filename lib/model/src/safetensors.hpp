@@ -38,6 +38,10 @@ class SafetensorsFile {
   // must have passed check() (a float dtype) and the range must lie inside it: anything else is a
   // caller bug (KVQ_ASSERT), not bad input. The ranges let load_f32 convert in parallel.
   void read_f32(const std::string& name, int64_t begin, int64_t end, float* dst) const;
+  // Hands the pages of tensor `name` back to the kernel (MappedFile::drop); no-op if absent.
+  void drop(const std::string& name) const;
+  // Bytes tensor `name` occupies in the file (0 if absent).
+  uint64_t stored_bytes(const std::string& name) const;
   // check() then a new fp32 tensor with the converted contents (safetensors_load.cpp, LibTorch).
   at::Tensor load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 

@@ -26,7 +26,25 @@ struct LayerWeights {
   std::vector<at::Tensor> expert_gate_up, expert_down;
 };
 
+// A streamed model's checkpoint: weights stay in the mapped files in their stored dtype and are
+// converted to fp32 one layer at a time (the same conversion the whole-model load does, so both
+// give the same fp32 values bit for bit).
+class LayerSource {
+ public:
+  virtual ~LayerSource() = default;
+  virtual void build(int layer, LayerWeights* out) const = 0;  // fresh fp32 tensors of the layer
+  virtual void release(int layer) const = 0;                   // drops the layer's stored pages
+  virtual int64_t stored_bytes(int layer) const = 0;           // the layer's bytes in the files
+  virtual at::Tensor embed_rows(const at::Tensor& ids) const = 0;  // ids [N] int64 -> [N, D] fp32
+  virtual at::Tensor lm_head() const = 0;                          // [V, D] fp32, fresh
+};
+
+// fp32 bytes of layer l's weights as LayerWeights holds them.
+int64_t layer_fp32_bytes(const ModelConfig& c, int l);
+
 struct ModelWeights {
+  // Set for a streamed model: then embed, lm_head and layers are empty (final_norm is kept).
+  std::shared_ptr<const LayerSource> source;
   at::Tensor embed;       // [V, D]
   std::vector<LayerWeights> layers;
   at::Tensor final_norm;  // [D]
@@ -41,7 +59,9 @@ struct ModelWeights {
 namespace detail {
 
 // HF directory: config.json + model.safetensors or model.safetensors.index.json.
-void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::string* config_sha256);
+// stream: keep the checkpoint mapped and set w->source instead of converting every layer.
+void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::string* config_sha256,
+             bool stream = false);
 // Parses and validates config.json alone (no weights); used by load_hf.
 ModelConfig parse_hf_config(const std::string& config_path);
 // llama2.c legacy (v0) checkpoint.

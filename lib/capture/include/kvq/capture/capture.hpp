@@ -29,7 +29,18 @@ struct CaptureOptions {
   // window_end < 0 means all.
   int64_t window_begin = 0;
   int64_t window_end = -1;
+  // Layer-streamed forward (default): the checkpoint stays mapped, windows go through the model in
+  // chunks, layer-major, each layer converted once per chunk. false: the whole model in fp32 and
+  // one forward per batch (the statistics are the same bytes either way).
+  bool stream = true;
+  int64_t max_memory = 0;     // bytes the plan may use; 0: 80 % of the available memory
+  int64_t chunk_windows = 0;  // windows per chunk; 0: as many as --max-memory allows
+  bool spill = false;         // keep the chunk's hidden states in a temporary file even when they fit
 };
+
+// "6G", "1500M", "512k", "123456" (bytes; K/M/G/T are powers of 1024) -> bytes. Throws kvq::Error
+// naming `field` on anything else.
+int64_t parse_memory_size(const std::string& text, const std::string& field);
 
 // Runs the capture and writes opts.out atomically (and checkpoints). Returns the final file.
 // With `ranks` active (under mpirun) the windows are sharded over the ranks: every rank checks that

@@ -1,8 +1,10 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kvq/model/capture.hpp"
 #include "kvq/model/config.hpp"
@@ -33,6 +35,13 @@ class Model {
   // `path` is an HF directory (config.json + model.safetensors or model.safetensors.index.json)
   // or a llama2.c .bin checkpoint. Throws kvq::Error naming the file and field on bad input.
   static Model load(const std::string& path);
+  // stream: an HF checkpoint stays mapped in its stored dtype and each forward converts one layer
+  // at a time to fp32, dropping the layer's pages before the next (a llama2.c checkpoint is small
+  // and always loaded whole). Both loads compute the same fp32 values.
+  struct LoadOptions {
+    bool stream = false;
+  };
+  static Model load(const std::string& path, const LoadOptions& lo);
 
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
@@ -54,6 +63,29 @@ class Model {
   // (undefined tensor when opts.logits is false).
   at::Tensor forward(const at::Tensor& ids, const ForwardOptions& opts) const;
   at::Tensor forward(const at::Tensor& ids) const { return forward(ids, ForwardOptions{}); }
+
+  // A layer-major forward of several batches (capture passes: no logits, no K/V hooks). Every
+  // batch passes layer l before any enters l + 1, so a streamed model converts each layer once
+  // for the whole chunk. Each batch computes exactly what forward(ids, {observer, logits=false})
+  // computes for it (the same fp32 operations in the same order), and its observer sees the
+  // layers in order; across batches the observers of layer l are called in batch order.
+  struct ChunkBatch {
+    at::Tensor ids;                      // [B, T] (or [T])
+    CaptureObserver* observer = nullptr;
+    float* hidden = nullptr;  // optional storage for the batch's residual stream, B*T*hidden_size floats
+  };
+  struct ChunkHooks {
+    std::function<void(size_t batch, int layer)> after_step;  // after each batch's step (-1: embedding)
+    std::function<void(int layer)> after_layer;               // after every batch passed layer l
+  };
+  void forward_chunk(const std::vector<ChunkBatch>& batches, const ChunkHooks& hooks = {}) const;
+
+  bool streamed() const;
+  // Memory of a streamed forward: the fp32 bytes of layer l as converted, its bytes in the
+  // checkpoint (0 when loaded whole), and the scratch of one forward of B windows of T tokens.
+  int64_t layer_fp32_bytes(int l) const;
+  int64_t layer_stored_bytes(int l) const;
+  static int64_t workspace_bytes(const ModelConfig& c, int64_t B, int64_t T);
 
  private:
   Model();

@@ -12,6 +12,8 @@ class Progress {
   Progress(std::string label, int64_t total, std::string unit, bool quiet = false);
   ~Progress();
   void update(int64_t done, int64_t units_done);  // units (e.g. tokens) drive the rate
+  // The same, showing `detail` (e.g. "chunk 2/5  layer 17/32") instead of done/total.
+  void update(int64_t done, int64_t units_done, const std::string& detail);
   void finish();
 
  private:
