@@ -39,6 +39,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 8));
   app.add_option("--baseline-v-bpd", o.baseline_v_bpd, "baseline V bits (default: the allocation's nominal)")
       ->check(CLI::Range(1, 8));
+  std::string load = "whole";
+  app.add_option("--load", load,
+                 "whole: the model in fp32; stream: the checkpoint stays mapped and each window's forward converts "
+                 "one layer at a time (models whose fp32 weights do not fit; same figures)")
+      ->default_val("whole")
+      ->check(CLI::IsMember({"whole", "stream"}))
+      ->each([&](const std::string& v) { o.stream = v == "stream"; });
   app.add_option("--match", o.match,
                  "baseline budget: nominal (the allocation's nominal bits) or effective (per side the fewest whole "
                  "bits whose effective bpd, side information included, is >= the allocation's)")

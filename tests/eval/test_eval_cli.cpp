@@ -348,3 +348,19 @@ TEST(EvalCli, MatchEffectiveBaselineBudget) {
     EXPECT_FALSE(fs::exists(out));
   }
 }
+
+// --load stream (the checkpoint mapped, one fp32 layer at a time per window) computes what the
+// whole-model load computes: every row's perplexity bit for bit, with --sink/--recent too.
+TEST(EvalCli, StreamedLoadGivesTheSameFigures) {
+  REQUIRE_TEXTS();
+  auto a = allocation("bg3", "--method block-gtq --bpd 3");
+  const std::string args = "--alloc " + a + " --text " + g_exodus + " --calib " + cal() + kFast + " --sink 4 --recent 32";
+  json w = eval(args), s = eval(args + " --load stream");
+  ASSERT_FALSE(w.is_null());
+  ASSERT_FALSE(s.is_null());
+  ASSERT_EQ(w["rows"].size(), s["rows"].size());
+  for (size_t i = 0; i < w["rows"].size(); ++i) {
+    EXPECT_EQ(double(w["rows"][i]["ppl"]), double(s["rows"][i]["ppl"])) << "row " << i;
+    EXPECT_EQ(w["rows"][i]["tokens"], s["rows"][i]["tokens"]);
+  }
+}

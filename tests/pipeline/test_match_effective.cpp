@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvq/io/alloc_file.hpp"
+#include "pipeline_fixture.hpp"
 #include "run_cmd.hpp"
 #include "shared_data.hpp"
 
@@ -25,35 +26,9 @@ using json = nlohmann::json;
 using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
+using namespace kvq::test::pipeline;
 
 namespace {
-
-std::string make_cal(const std::string& name, const std::string& model, const std::string& corpus) {
-  auto out = temp_path(name + ".kvqcal.h5");
-  if (fs::exists(out)) return out;
-  auto r = run_cmd(bin("calib-capture") + " -q --threads 1 --model " + model + " --corpus " + corpus +
-                   " --samples 16 --seq-len 128 --holdout 2 --reservoir-tokens 256 --out " + out);
-  EXPECT_EQ(r.status, 0) << r.err;
-  return out;
-}
-
-std::string demo_cal() {
-  auto text = temp_path("me_genesis.txt");
-  if (!fs::exists(text) && run_cmd("bible -p /usr/lib gen1:1-gen50:26 > " + text).status != 0) return "";
-  return make_cal("me_demo", std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama", text);
-}
-
-std::string stories_cal() {
-  return make_cal("me_stories", kvq::test::shared_path("models/stories260K/stories260K.bin"),
-                  kvq::test::shared_path("corpora/wikitext2-train-sample.txt"));
-}
-
-std::string allocate(const std::string& cal, const std::string& args, const std::string& name) {
-  auto alloc = temp_path(name + ".kvqalloc.h5");
-  auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --out " + alloc + " " + args);
-  EXPECT_EQ(r.status, 0) << args << ": " << r.err;
-  return alloc;
-}
 
 // ---- effective bpd from the layout rules, written here ----
 long align2(long bytes) { return (bytes + 1) / 2 * 2; }
@@ -193,7 +168,7 @@ void check_match(const std::string& cal, const std::string& alloc, const std::st
 }  // namespace
 
 TEST(MatchEffective, BlockGtqDemoAgainstBruteForce) {
-  std::string cal = demo_cal();
+  std::string cal = demo_cal("me");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
   for (int b : {2, 3})
     check_match(cal, allocate(cal, "--method block-gtq --bpd " + std::to_string(b), "me_bg"), "uniform", 64,
@@ -205,7 +180,7 @@ TEST(MatchEffective, BlockGtqDemoAgainstBruteForce) {
 }
 
 TEST(MatchEffective, ExplicitBaselineBitsAreAUsageError) {
-  std::string cal = demo_cal();
+  std::string cal = demo_cal("me");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
   const auto alloc = allocate(cal, "--method block-gtq --bpd 3", "me_usage");
   for (const char* extra : {"--baseline-k-bpd 3", "--baseline-v-bpd 4"}) {
@@ -224,7 +199,7 @@ TEST(MatchEffective, ExplicitBaselineBitsAreAUsageError) {
 // = 12 bytes per token (12 bpd) against uniform's 10 bpd at 8 bits: no admissible budget reaches it.
 TEST(MatchEffective, UnreachableBudgetIsOneLineError) {
   KVQ_REQUIRE_SHARED("models/stories260K/stories260K.bin");
-  const auto cal = stories_cal();
+  const auto cal = stories_cal("me");
   const auto alloc = allocate(cal, "--method block-gtq --bpd 7.5", "me_unreach");
   const kvq::AllocFile a = kvq::read_alloc(alloc);
   const double ak = side_bpd(a, kvq::Side::kK, 8);

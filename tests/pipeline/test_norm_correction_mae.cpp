@@ -17,6 +17,7 @@
 #include "kvq/io/h5.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/io/kvq_file.hpp"
+#include "pipeline_fixture.hpp"
 #include "run_cmd.hpp"
 #include "shared_data.hpp"
 
@@ -25,35 +26,9 @@ using json = nlohmann::json;
 using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
+using namespace kvq::test::pipeline;
 
 namespace {
-
-std::string make_cal(const std::string& name, const std::string& model, const std::string& corpus) {
-  auto out = temp_path(name + ".kvqcal.h5");
-  if (fs::exists(out)) return out;
-  auto r = run_cmd(bin("calib-capture") + " -q --threads 1 --model " + model + " --corpus " + corpus +
-                   " --samples 16 --seq-len 128 --holdout 2 --reservoir-tokens 256 --out " + out);
-  EXPECT_EQ(r.status, 0) << r.err;
-  return out;
-}
-
-std::string demo_cal() {
-  auto text = temp_path("nc_genesis.txt");
-  if (!fs::exists(text) && run_cmd("bible -p /usr/lib gen1:1-gen50:26 > " + text).status != 0) return "";
-  return make_cal("nc_demo", std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama", text);
-}
-
-std::string stories_cal() {
-  return make_cal("nc_stories", kvq::test::shared_path("models/stories260K/stories260K.bin"),
-                  kvq::test::shared_path("corpora/wikitext2-train-sample.txt"));
-}
-
-std::string allocate(const std::string& cal, const std::string& args, const std::string& name) {
-  auto alloc = temp_path(name + ".kvqalloc.h5");
-  auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --out " + alloc + " " + args);
-  EXPECT_EQ(r.status, 0) << r.err;
-  return alloc;
-}
 
 std::vector<double> layer_mae(const std::string& cal, const std::string& alloc) {
   auto out = temp_path("nc_verify.json");
@@ -156,7 +131,7 @@ TEST(NormCorrection, BadV2FieldsAreRefused) {
 }
 
 TEST(NormCorrection, FileRecordsTheSetting) {
-  std::string cal = demo_cal();
+  std::string cal = demo_cal("nc");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
   const auto on = kvq::read_alloc(allocate(cal, "--method block-gtq --bpd 3", "nc_file_on"));
   const auto off = kvq::read_alloc(allocate(cal, "--method block-gtq --bpd 3 --no-norm-correction", "nc_file_off"));
@@ -180,7 +155,7 @@ TEST(NormCorrection, FileRecordsTheSetting) {
 }
 
 TEST(NormCorrection, NeverRaisesLayerLogitMaeDemo) {
-  std::string cal = demo_cal();
+  std::string cal = demo_cal("nc");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
   never_raises(cal, "kvq-demo-llama", [](const std::string&, int) { return true; });
 }
@@ -193,6 +168,6 @@ TEST(NormCorrection, NeverRaisesLayerLogitMaeDemo) {
 // everywhere.
 TEST(NormCorrection, NeverRaisesLayerLogitMaeStoriesAtK3BlockGtqAndK4) {
   KVQ_REQUIRE_SHARED("models/stories260K/stories260K.bin");
-  never_raises(stories_cal(), "stories260K",
+  never_raises(stories_cal("nc"), "stories260K",
                [](const std::string& method, int b) { return b == 4 || (b == 3 && method == "block-gtq"); });
 }

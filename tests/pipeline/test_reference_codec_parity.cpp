@@ -39,6 +39,7 @@
 #include "kvq/codec/codec.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
+#include "pipeline_fixture.hpp"
 #include "run_cmd.hpp"
 #include "shared_data.hpp"
 
@@ -47,6 +48,7 @@ using json = nlohmann::json;
 using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
+using namespace kvq::test::pipeline;
 
 namespace {
 
@@ -55,26 +57,6 @@ void read_seeds(int* kvq_draws, int* ref_draws) {
   if (const char* e = std::getenv("KVQ_PARITY_DRAWS")) std::sscanf(e, "%d,%d", kvq_draws, ref_draws);
 }
 constexpr double kTolerance = 0.02;
-
-std::string make_cal(const std::string& name, const std::string& model, const std::string& corpus) {
-  auto out = temp_path(name + ".kvqcal.h5");
-  if (fs::exists(out)) return out;
-  auto r = run_cmd(bin("calib-capture") + " -q --threads 1 --model " + model + " --corpus " + corpus +
-                   " --samples 16 --seq-len 128 --holdout 4 --reservoir-tokens 256 --out " + out);
-  EXPECT_EQ(r.status, 0) << r.err;
-  return out;
-}
-
-std::string demo_cal() {
-  auto text = temp_path("rp_genesis.txt");
-  if (!fs::exists(text) && run_cmd("bible -p /usr/lib gen1:1-gen50:26 > " + text).status != 0) return "";
-  return make_cal("rp_demo", std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama", text);
-}
-
-std::string stories_cal() {
-  return make_cal("rp_stories", kvq::test::shared_path("models/stories260K/stories260K.bin"),
-                  kvq::test::shared_path("corpora/wikitext2-train-sample.txt"));
-}
 
 // ---- Lloyd-Max codebook of N(0, 1), by Lloyd's iteration on the density ----
 double pdf(double x) { return std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI); }
@@ -404,12 +386,12 @@ TEST(ReferenceCodecParity, LloydMaxCodebookMatchesThePublishedMse) {
 }
 
 TEST(ReferenceCodecParity, Demo) {
-  std::string cal = demo_cal();
+  std::string cal = demo_cal("rp", 4);
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
   parity(cal, "kvq-demo-llama", 64, 64, true);
 }
 
 TEST(ReferenceCodecParity, Stories260K) {
   KVQ_REQUIRE_SHARED("models/stories260K/stories260K.bin");
-  parity(stories_cal(), "stories260K", 64, 64, false);
+  parity(stories_cal("rp", 4), "stories260K", 64, 64, false);
 }

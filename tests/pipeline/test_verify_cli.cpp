@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "pipeline_fixture.hpp"
 #include "run_cmd.hpp"
 #include "shared_data.hpp"
 
@@ -14,28 +15,9 @@ using json = nlohmann::json;
 using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
+using namespace kvq::test::pipeline;
 
 namespace {
-
-std::string make_cal(const std::string& name, const std::string& model, const std::string& corpus) {
-  auto out = temp_path(name + ".kvqcal.h5");
-  if (fs::exists(out)) return out;
-  auto r = run_cmd(bin("calib-capture") + " -q --threads 1 --model " + model + " --corpus " + corpus +
-                   " --samples 16 --seq-len 128 --holdout 2 --reservoir-tokens 256 --out " + out);
-  EXPECT_EQ(r.status, 0) << r.err;
-  return out;
-}
-
-std::string demo_cal() {
-  auto text = temp_path("verify_genesis.txt");
-  if (!fs::exists(text) && run_cmd("bible -p /usr/lib gen1:1-gen50:26 > " + text).status != 0) return "";
-  return make_cal("verify_demo", std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama", text);
-}
-
-std::string stories_cal() {
-  return make_cal("verify_stories", kvq::test::shared_path("models/stories260K/stories260K.bin"),
-                  kvq::test::shared_path("corpora/wikitext2-train-sample.txt"));
-}
 
 json verify(const std::string& cal, const std::string& alloc_args, const std::string& verify_args, int* status,
             std::string* err = nullptr) {
@@ -74,7 +56,7 @@ void report_paper_comparison(const std::string& cal, const std::string& name) {
 }  // namespace
 
 TEST(VerifyCli, UniformNmseFollowsTheLloydMaxTable) {
-  std::string cal = demo_cal();
+  std::string cal = demo_cal("verify");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
   // Haar-rotated unit vectors in d = 64 are near N(0, 1/64) per coordinate, so the relative error of
   // TQ-MSE is the Lloyd-Max MSE of N(0,1) (REFERENCE-FACTS), within a few percent.
@@ -100,18 +82,18 @@ TEST(VerifyCli, UniformNmseFollowsTheLloydMaxTable) {
 }
 
 TEST(VerifyCli, PaperComparisonDemo) {
-  std::string cal = demo_cal();
+  std::string cal = demo_cal("verify");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
   report_paper_comparison(cal, "kvq-demo-llama");
 }
 
 TEST(VerifyCli, PaperComparisonStories) {
   KVQ_REQUIRE_SHARED("models/stories260K/stories260K.bin");
-  report_paper_comparison(stories_cal(), "stories260K");
+  report_paper_comparison(stories_cal("verify"), "stories260K");
 }
 
 TEST(VerifyCli, GateFailsOnABadAllocationAndPassesAGoodOne) {
-  std::string cal = demo_cal();
+  std::string cal = demo_cal("verify");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
   int st;
   std::string err;
@@ -127,10 +109,10 @@ TEST(VerifyCli, GateFailsOnABadAllocationAndPassesAGoodOne) {
 
 TEST(VerifyCli, RefusesAnAllocationOfAnotherModel) {
   KVQ_REQUIRE_SHARED("models/stories260K/stories260K.bin");
-  std::string cal = demo_cal();
+  std::string cal = demo_cal("verify");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
   auto alloc = temp_path("stories.kvqalloc.h5");
-  ASSERT_EQ(run_cmd(bin("kvq-allocate") + " -q --calib " + stories_cal() + " --method uniform --bpd 2 --out " + alloc).status, 0);
+  ASSERT_EQ(run_cmd(bin("kvq-allocate") + " -q --calib " + stories_cal("verify") + " --method uniform --bpd 2 --out " + alloc).status, 0);
   auto out = temp_path("never.json");
   fs::remove(out);
   auto r = run_cmd(bin("kvq-verify") + " -q --calib " + cal + " --alloc " + alloc + " --json " + out);

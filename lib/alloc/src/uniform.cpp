@@ -1,6 +1,9 @@
 #include "kvq/alloc/uniform.hpp"
 
 #include <cmath>
+#include <cstdio>
+
+#include "kvq/format/decision_layout.hpp"
 
 #include "internal.hpp"
 #include "kvq/util/error.hpp"
@@ -85,6 +88,29 @@ std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& s
     }
   }
   return out;
+}
+
+double mean_effective_bpd(const std::vector<HeadDecision>& heads, Side side, int head_dim) {
+  double sum = 0;
+  int n = 0;
+  for (const auto& h : heads)
+    if (h.side == side) sum += layout::effective_bpd(h, head_dim), ++n;
+  return n ? sum / n : 0.0;
+}
+
+int match_effective_bits(const std::string& kind, const Shape& shape, Side side, double target,
+                         bool norm_correction) {
+  double widest = 0;
+  for (int b = 1; b <= 8; ++b) {
+    widest = mean_effective_bpd(baseline_heads(kind, shape, b, b, norm_correction, ""), side, shape.head_dim);
+    if (widest >= target - 1e-9) return b;
+  }
+  char buf[320];
+  std::snprintf(buf, sizeof buf,
+                "effective: no %s baseline budget (whole bits 1..8) reaches the allocation's %s effective bpd %.4f "
+                "(the widest, 8 bits, is %.4f effective bpd); use --match nominal or --baseline-%s-bpd",
+                kind.c_str(), side == Side::kK ? "K" : "V", target, widest, side == Side::kK ? "k" : "v");
+  throw Error("", "--match", buf);
 }
 
 }  // namespace kvq::alloc

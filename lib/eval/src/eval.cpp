@@ -27,32 +27,6 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// Mean effective bpd of one side's decisions (the packed layout's, as codec::HeadCodec reports it).
-double side_effective_bpd(const std::vector<HeadDecision>& heads, Side s, int d) {
-  double sum = 0;
-  int n = 0;
-  for (const auto& h : heads)
-    if (h.side == s) sum += layout::effective_bpd(h, d), ++n;
-  return n ? sum / n : 0;
-}
-
-// --match effective: the fewest whole bits in 1..8 at which the uniform baseline's mean effective
-// bpd on `side` is >= target (within 1e-9); none reaches it: a one-line error naming --match.
-int match_effective_bits(const alloc::Shape& shape, Side side, double target, bool norm_correction) {
-  double widest = 0;
-  for (int b = 1; b <= 8; ++b) {
-    widest = side_effective_bpd(alloc::baseline_heads("uniform", shape, b, b, norm_correction, ""), side,
-                                shape.head_dim);
-    if (widest >= target - 1e-9) return b;
-  }
-  char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "effective: no uniform baseline budget (whole bits 1..8) reaches the allocation's %s effective bpd "
-                "%.4f (the widest, 8 bits, is %.4f effective bpd); use --match nominal or --baseline-%s-bpd",
-                side == Side::kK ? "K" : "V", target, widest, side == Side::kK ? "k" : "v");
-  throw Error("", "--match", buf);
-}
-
 }  // namespace
 
 EvalReport run_eval(const EvalOptions& o) {
@@ -73,7 +47,9 @@ EvalReport run_eval(const EvalOptions& o) {
   if (o.max_tokens < 0) throw Error("", "--max-tokens", "must be >= 0");
 
   AllocFile a = read_alloc(o.alloc);
-  Model m = Model::load(o.model);
+  Model::LoadOptions lo;
+  lo.stream = o.stream;
+  Model m = Model::load(o.model, lo);
   const ModelConfig& cfg = m.config();
   if (a.calib.model_config_sha256 != m.config_sha256())
     throw Error(o.alloc, "calibration.model_config_sha256",
@@ -164,8 +140,8 @@ EvalReport run_eval(const EvalOptions& o) {
     const alloc::Shape shape{cfg.n_layers, cfg.n_kv_heads, cfg.head_dim};
     if (o.match == "effective") {
       const bool nc = alloc::tq_norm_correction(a.heads);
-      kb = match_effective_bits(shape, Side::kK, alloc_coder.k_bpd_effective(), nc);
-      vb = match_effective_bits(shape, Side::kV, alloc_coder.v_bpd_effective(), nc);
+      kb = alloc::match_effective_bits("uniform", shape, Side::kK, alloc_coder.k_bpd_effective(), nc);
+      vb = alloc::match_effective_bits("uniform", shape, Side::kV, alloc_coder.v_bpd_effective(), nc);
     }
     base_coder = std::make_unique<KvCoder>(
         cfg,

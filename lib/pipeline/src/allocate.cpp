@@ -244,14 +244,7 @@ alloc::Allocation allocate_side(const CalibFile& c, Side side, Method method, do
 }
 
 double side_effective_bpd(const std::vector<HeadDecision>& heads, Side side, int d) {
-  double sum = 0;
-  int n = 0;
-  for (const auto& h : heads)
-    if (h.side == side) {
-      sum += codec::HeadCodec(h, d).effective_bpd();
-      ++n;
-    }
-  return n ? sum / n : 0.0;
+  return alloc::mean_effective_bpd(heads, side, d);
 }
 
 json summary_json(const alloc::AllocSummary& s) {

@@ -214,21 +214,7 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
   return rep;
 }
 
-double side_bpd(const std::vector<HeadDecision>& heads, Side s, int d) {
-  double sum = 0;
-  int n = 0;
-  for (const auto& h : heads)
-    if (h.side == s) sum += codec::HeadCodec(h, d).effective_bpd(), ++n;
-  return n ? sum / n : 0;
-}
-
-double layout_side_bpd(const std::vector<HeadDecision>& heads, Side s, int d) {
-  double sum = 0;
-  int n = 0;
-  for (const auto& h : heads)
-    if (h.side == s) sum += layout::effective_bpd(h, d), ++n;
-  return n ? sum / n : 0;
-}
+double side_bpd(const std::vector<HeadDecision>& heads, Side s, int d) { return alloc::mean_effective_bpd(heads, s, d); }
 
 nlohmann::json metrics_json(const Metrics& m) {
   return {{"logit_mae", m.logit_mae}, {"kl", m.kl},         {"top10", m.top10},
@@ -257,19 +243,7 @@ nlohmann::json VerifyReport::to_json() const {
 
 int match_effective_bits(const std::string& kind, int n_layers, int n_kv_heads, int head_dim, Side side,
                          double target, bool norm_correction) {
-  const alloc::Shape shape{n_layers, n_kv_heads, head_dim};
-  double widest = 0;
-  for (int b = 1; b <= 8; ++b) {
-    const auto heads = alloc::baseline_heads(kind, shape, b, b, norm_correction, "");
-    widest = layout_side_bpd(heads, side, head_dim);
-    if (widest >= target - 1e-9) return b;
-  }
-  char buf[320];
-  std::snprintf(buf, sizeof buf,
-                "effective: no %s baseline budget (whole bits 1..8) reaches the allocation's %s effective bpd %.4f "
-                "(the widest, 8 bits, is %.4f effective bpd); use --match nominal or --baseline-%s-bpd",
-                kind.c_str(), side == Side::kK ? "K" : "V", target, widest, side == Side::kK ? "k" : "v");
-  throw Error("", "--match", buf);
+  return alloc::match_effective_bits(kind, alloc::Shape{n_layers, n_kv_heads, head_dim}, side, target, norm_correction);
 }
 
 VerifyReport run_verify(const VerifyOptions& o) {

@@ -31,6 +31,16 @@ std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& s
                                          bool norm_correction, const std::string& source,
                                          const std::string& remedy = "");
 
+// Mean effective bpd (the packed layout's bits per coordinate, side information included) of the
+// `side` decisions among heads; 0 when there are none.
+double mean_effective_bpd(const std::vector<HeadDecision>& heads, Side side, int head_dim);
+
+// --match effective (kvq-verify, kvq-eval): the fewest whole bits b in 1..8 at which the `kind`
+// baseline (baseline_heads) of `shape` has a mean effective bpd on `side` >= target (within 1e-9).
+// None reaches it: kvq::Error naming --match, the side, target and the baseline's widest.
+int match_effective_bits(const std::string& kind, const Shape& shape, Side side, double target,
+                         bool norm_correction);
+
 // The norm-correction setting of an allocation's TQ heads (one per file); kvq-allocate's default
 // (on) when it has none.
 bool tq_norm_correction(const std::vector<HeadDecision>& heads);

@@ -23,6 +23,9 @@ struct EvalOptions {
   // effective: per side the fewest whole bits (1..8) whose effective bpd (packed layout, side
   // information included) is >= the allocation's. With explicit baseline bits: a usage error.
   std::string match = "nominal";
+  // true: the checkpoint stays mapped and every window's forward converts one layer at a time
+  // (for models whose fp32 weights do not fit; each window pays the conversion once).
+  bool stream = false;
   int window = 0;                 // 0: the model's maximum sequence length
   int stride = 0;                 // 0: window / 2
   CachePolicy policy;

@@ -1,0 +1,186 @@
+// kvq-bench-make-hf: writes a synthetic Hugging Face checkpoint of a real model's shape — config.json
+// of Llama-3.2-1B, Llama-3.1-8B or Llama-3.1-70B (with their llama3 RoPE scaling), random BF16
+// weights (N(0, 0.02)-like, norms 1) over 5 GiB safetensors shards with an index, and the demo
+// model's tokenizer (so the vocabulary is the demo's 1024 tokens; every other shape is the real
+// model's). Benchmark data: generated on demand, never committed. --layers N writes only the first
+// N decoder layers (a 70B layer for per-layer figures without 140 GB of disk).
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct Shape {
+  int hidden, layers, heads, kv_heads, inter;
+  double rope_factor;
+  int original_max;
+  bool tied;
+};
+
+struct Tensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool ones;  // norm weights
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+uint16_t bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+// Fills n BF16 values: 1.0 for norms, else a sum of two uniforms scaled to std 0.02 (triangular,
+// cheap, and random enough for activations of realistic magnitude).
+void fill(std::vector<uint16_t>& buf, int64_t n, bool ones, uint64_t& state) {
+  buf.resize(size_t(n));
+  if (ones) {
+    std::fill(buf.begin(), buf.end(), bf16(1.0f));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    const float a = float(uint32_t(state) >> 8) * (1.0f / 16777216.0f), b = float(state >> 40) * (1.0f / 16777216.0f);
+    buf[size_t(i)] = bf16((a + b - 1.0f) * 0.049f);  // triangular on (-1, 1) has std 1/sqrt(6)
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string which, out;
+  int only_layers = -1;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--shape" && i + 1 < argc) which = argv[++i];
+    else if (a == "--out" && i + 1 < argc) out = argv[++i];
+    else if (a == "--layers" && i + 1 < argc) only_layers = std::atoi(argv[++i]);
+    else {
+      std::cerr << "usage: kvq-bench-make-hf --shape 1b|8b|70b --out DIR [--layers N]\n";
+      return 2;
+    }
+  }
+  Shape s{};
+  if (which == "1b") s = {2048, 16, 32, 8, 8192, 32.0, 8192, true};
+  else if (which == "8b") s = {4096, 32, 32, 8, 14336, 8.0, 8192, false};
+  else if (which == "70b") s = {8192, 80, 64, 8, 28672, 8.0, 8192, false};
+  else {
+    std::cerr << "kvq-bench-make-hf: --shape must be 1b, 8b or 70b\n";
+    return 2;
+  }
+  if (out.empty()) {
+    std::cerr << "kvq-bench-make-hf: --out is required\n";
+    return 2;
+  }
+  if (only_layers > 0 && only_layers < s.layers) s.layers = only_layers;
+  const fs::path tok = fs::path(KVQ_SHARED_DIR) / "models/kvq-demo-llama/tokenizer.model";
+  if (!fs::exists(tok)) {
+    std::cerr << "kvq-bench-make-hf: needs the demo tokenizer at " << tok << "\n";
+    return 2;
+  }
+  fs::create_directories(out);
+  const int V = 1024, d = s.hidden / s.heads;
+  json cfg = {{"architectures", {"LlamaForCausalLM"}},
+              {"model_type", "llama"},
+              {"hidden_act", "silu"},
+              {"bos_token_id", 1},
+              {"eos_token_id", 2},
+              {"tie_word_embeddings", s.tied},
+              {"torch_dtype", "bfloat16"},
+              {"hidden_size", s.hidden},
+              {"num_hidden_layers", s.layers},
+              {"num_attention_heads", s.heads},
+              {"num_key_value_heads", s.kv_heads},
+              {"head_dim", d},
+              {"intermediate_size", s.inter},
+              {"vocab_size", V},
+              {"rope_theta", 500000.0},
+              {"rope_scaling",
+               {{"rope_type", "llama3"},
+                {"factor", s.rope_factor},
+                {"low_freq_factor", 1.0},
+                {"high_freq_factor", 4.0},
+                {"original_max_position_embeddings", s.original_max}}},
+              {"rms_norm_eps", 1e-5},
+              {"max_position_embeddings", 131072}};
+  std::ofstream(fs::path(out) / "config.json") << cfg.dump(2) << "\n";
+  fs::copy_file(tok, fs::path(out) / "tokenizer.model", fs::copy_options::overwrite_existing);
+
+  const int64_t D = s.hidden, qd = int64_t(s.heads) * d, kvd = int64_t(s.kv_heads) * d, I = s.inter;
+  std::vector<Tensor> all = {{"model.embed_tokens.weight", {V, D}, false}};
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    all.push_back({p + "input_layernorm.weight", {D}, true});
+    all.push_back({p + "self_attn.q_proj.weight", {qd, D}, false});
+    all.push_back({p + "self_attn.k_proj.weight", {kvd, D}, false});
+    all.push_back({p + "self_attn.v_proj.weight", {kvd, D}, false});
+    all.push_back({p + "self_attn.o_proj.weight", {D, qd}, false});
+    all.push_back({p + "post_attention_layernorm.weight", {D}, true});
+    all.push_back({p + "mlp.gate_proj.weight", {I, D}, false});
+    all.push_back({p + "mlp.up_proj.weight", {I, D}, false});
+    all.push_back({p + "mlp.down_proj.weight", {D, I}, false});
+  }
+  all.push_back({"model.norm.weight", {D}, true});
+  if (!s.tied) all.push_back({"lm_head.weight", {V, D}, false});
+
+  // Shards of at most 5 GiB, tensors in order.
+  const int64_t kShard = int64_t(5) << 30;
+  std::vector<std::vector<size_t>> shards(1);
+  int64_t bytes = 0;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const int64_t b = all[i].numel() * 2;
+    if (bytes > 0 && bytes + b > kShard) shards.emplace_back(), bytes = 0;
+    shards.back().push_back(i);
+    bytes += b;
+  }
+  json weight_map = json::object();
+  uint64_t state = 0x9E3779B97F4A7C15ULL;
+  std::vector<uint16_t> buf;
+  int64_t total = 0;
+  for (size_t k = 0; k < shards.size(); ++k) {
+    char name[64];
+    std::snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    json header = json::object();
+    uint64_t off = 0;
+    for (size_t i : shards[k]) {
+      const uint64_t b = uint64_t(all[i].numel()) * 2;
+      header[all[i].name] = {{"dtype", "BF16"}, {"shape", all[i].shape}, {"data_offsets", {off, off + b}}};
+      off += b;
+      weight_map[all[i].name] = name;
+    }
+    std::string h = header.dump();
+    while (h.size() % 8) h += ' ';
+    std::ofstream f(fs::path(out) / name, std::ios::binary);
+    const uint64_t hl = h.size();
+    f.write(reinterpret_cast<const char*>(&hl), 8);
+    f.write(h.data(), std::streamsize(h.size()));
+    for (size_t i : shards[k]) {
+      fill(buf, all[i].numel(), all[i].ones, state);
+      f.write(reinterpret_cast<const char*>(buf.data()), std::streamsize(buf.size() * 2));
+      total += int64_t(buf.size() * 2);
+    }
+    if (!f) {
+      std::cerr << "kvq-bench-make-hf: cannot write " << (fs::path(out) / name) << "\n";
+      return 1;
+    }
+    std::fprintf(stderr, "wrote %s\n", name);
+  }
+  std::ofstream(fs::path(out) / "model.safetensors.index.json")
+      << json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(1) << "\n";
+  std::fprintf(stderr, "%s: %s shape, %d layers, %.2f GB of BF16 weights in %zu shard(s)\n", out.c_str(), which.c_str(),
+               s.layers, double(total) / 1e9, shards.size());
+  return 0;
+}
