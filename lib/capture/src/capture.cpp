@@ -478,12 +478,10 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
   const size_t nq = size_t(shape.n_heads) * d, nkv = size_t(shape.n_kv_heads) * d;
 
   CalibFile c;
-  bool resumed = false;
   if (o.resume && std::filesystem::exists(o.out)) {
     c = read_calib(o.out, true);
     check_resumable(o.out, c, prov, offsets);
     c.prov.created_unix = prov.created_unix;
-    resumed = true;
     spdlog::info("resuming {} at window {}/{}", o.out, c.windows_done, offsets.size());
   } else {
     if (!o.resume && std::filesystem::exists(o.out))
@@ -496,33 +494,39 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
     c.reservoir.capacity = o.reservoir_tokens;
     Rng seed_rng(o.seed ^ kReservoirStream);
     seed_rng.get_state(c.reservoir.rng_state.data());
-    c.reservoir.q.assign(size_t(o.reservoir_tokens) * L * nq, 0.f);
-    c.reservoir.k.assign(size_t(o.reservoir_tokens) * L * nkv, 0.f);
-    c.reservoir.v.assign(size_t(o.reservoir_tokens) * L * nkv, 0.f);
     capture_holdout(*in, o.batch_size, c);  // held-out windows first
   }
-  // The reservoir payload was sized to capacity; trim to the filled rows only when writing.
+  // The reservoir payload is held at the rows it can ever fill (capacity, or every calibration
+  // token when there are fewer) and trimmed to the filled rows when written.
   Reservoir& rv = c.reservoir;
   int64_t filled = rv.size();
-  if (resumed) {  // re-expand the payload to capacity for in-place replacement
-    rv.q.resize(size_t(rv.capacity) * L * nq, 0.f);
-    rv.k.resize(size_t(rv.capacity) * L * nkv, 0.f);
-    rv.v.resize(size_t(rv.capacity) * L * nkv, 0.f);
-    rv.source.resize(size_t(rv.capacity) * 2, 0);
-  } else {
-    rv.source.assign(size_t(rv.capacity) * 2, 0);
-  }
+  const int64_t rows_max = std::min<int64_t>(rv.capacity, int64_t(c.calib_offsets.size()) * o.seq_len);
+  rv.q.resize(size_t(rows_max) * L * nq, 0.f);
+  rv.k.resize(size_t(rows_max) * L * nkv, 0.f);
+  rv.v.resize(size_t(rows_max) * L * nkv, 0.f);
+  rv.source.resize(size_t(rows_max) * 2, 0);
   Rng rrng(0);
   rrng.set_state(rv.rng_state.data());
 
+  // Written trimmed to the filled reservoir rows, in place rather than from a copy (the payload
+  // may be gigabytes): slots fill in order, so the rows past `filled` are still zero and growing
+  // the vectors back to capacity afterwards restores them exactly.
   auto snapshot = [&](const std::string& path) {
-    CalibFile out = c;  // copy trimmed to the filled reservoir rows
-    out.reservoir.source.resize(size_t(filled) * 2);
-    out.reservoir.q.resize(size_t(filled) * L * nq);
-    out.reservoir.k.resize(size_t(filled) * L * nkv);
-    out.reservoir.v.resize(size_t(filled) * L * nkv);
-    rrng.get_state(out.reservoir.rng_state.data());
-    write_calib(path, out);
+    auto trim = [&](int64_t rows) {
+      rv.source.resize(size_t(rows) * 2, 0);
+      rv.q.resize(size_t(rows) * L * nq, 0.f);
+      rv.k.resize(size_t(rows) * L * nkv, 0.f);
+      rv.v.resize(size_t(rows) * L * nkv, 0.f);
+    };
+    trim(filled);
+    rrng.get_state(rv.rng_state.data());
+    try {
+      write_calib(path, c);
+    } catch (...) {
+      trim(rows_max);
+      throw;
+    }
+    trim(rows_max);
   };
 
   const int T = o.seq_len;
