@@ -51,7 +51,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"stream", "whole"}));
   mem->add_option("--max-memory", max_memory,
                   "memory the streamed forward plans for (6G, 1500M, bytes; default 80% of the available); "
-                  "sets the chunk size, -v logs the plan");
+                  "sets the chunk size (the plan is logged at the start)");
   mem->add_option("--chunk", o.chunk_windows, "windows per chunk (a multiple of --batch; default: what fits)")
       ->check(CLI::NonNegativeNumber);
   mem->add_flag("--spill", o.spill, "keep the chunk's hidden states in a temporary file beside --out even when they fit");

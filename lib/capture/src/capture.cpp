@@ -313,7 +313,7 @@ MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
   if (m.chunk < B) m.chunk = all;  // spilling: the whole run's windows can share each layer
   if (o.checkpoint_every > 0)      // chunks end where the batch loop would write its checkpoints
     m.chunk = std::min(m.chunk, (int64_t(o.checkpoint_every) + B - 1) / B * B);
-  spdlog::debug("memory plan: budget {}, layer {} {} (fp32 {} + stored {}), scratch {} (batch {} x {} tokens), "
+  spdlog::info("memory plan: budget {}, layer {} {} (fp32 {} + stored {}), scratch {} (batch {} x {} tokens), "
                 "payload {}, hidden states {} per window, chunk {} windows{}, expected peak {}",
                 gib(m.budget), m.widest_layer, gib(m.layer), gib(in.model.layer_fp32_bytes(m.widest_layer)),
                 gib(in.model.layer_stored_bytes(m.widest_layer)), gib(m.scratch), B, T, gib(m.payload),

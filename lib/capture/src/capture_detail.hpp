@@ -45,7 +45,7 @@ struct Inputs {
 std::unique_ptr<Inputs> prepare(const CaptureOptions& o);
 
 // The streamed forward's memory plan for this run; throws kvq::Error naming --max-memory when one
-// layer's pass cannot fit. Logs the plan at debug level (-v).
+// layer's pass cannot fit. Logs the plan (info).
 MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o);
 
 // Refuses (kvq::Error naming the field) to continue `old` with another run's inputs or plan.
