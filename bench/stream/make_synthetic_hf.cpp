@@ -1,4 +1,4 @@
-// kvq-bench-make-hf: writes a synthetic Hugging Face checkpoint of a real model's shape — config.json
+// bench-make-hf: writes a synthetic Hugging Face checkpoint of a real model's shape — config.json
 // of Llama-3.2-1B, Llama-3.1-8B or Llama-3.1-70B (with their llama3 RoPE scaling), random BF16
 // weights (N(0, 0.02)-like, norms 1) over 5 GiB safetensors shards with an index, and the demo
 // model's tokenizer (so the vocabulary is the demo's 1024 tokens; every other shape is the real
@@ -69,7 +69,7 @@ int main(int argc, char** argv) {
     else if (a == "--out" && i + 1 < argc) out = argv[++i];
     else if (a == "--layers" && i + 1 < argc) only_layers = std::atoi(argv[++i]);
     else {
-      std::cerr << "usage: kvq-bench-make-hf --shape 1b|8b|70b --out DIR [--layers N]\n";
+      std::cerr << "usage: bench-make-hf --shape 1b|8b|70b --out DIR [--layers N]\n";
       return 2;
     }
   }
@@ -78,17 +78,17 @@ int main(int argc, char** argv) {
   else if (which == "8b") s = {4096, 32, 32, 8, 14336, 8.0, 8192, false};
   else if (which == "70b") s = {8192, 80, 64, 8, 28672, 8.0, 8192, false};
   else {
-    std::cerr << "kvq-bench-make-hf: --shape must be 1b, 8b or 70b\n";
+    std::cerr << "bench-make-hf: --shape must be 1b, 8b or 70b\n";
     return 2;
   }
   if (out.empty()) {
-    std::cerr << "kvq-bench-make-hf: --out is required\n";
+    std::cerr << "bench-make-hf: --out is required\n";
     return 2;
   }
   if (only_layers > 0 && only_layers < s.layers) s.layers = only_layers;
   const fs::path tok = fs::path(KVQ_SHARED_DIR) / "models/kvq-demo-llama/tokenizer.model";
   if (!fs::exists(tok)) {
-    std::cerr << "kvq-bench-make-hf: needs the demo tokenizer at " << tok << "\n";
+    std::cerr << "bench-make-hf: needs the demo tokenizer at " << tok << "\n";
     return 2;
   }
   fs::create_directories(out);
@@ -173,7 +173,7 @@ int main(int argc, char** argv) {
       total += int64_t(buf.size() * 2);
     }
     if (!f) {
-      std::cerr << "kvq-bench-make-hf: cannot write " << (fs::path(out) / name) << "\n";
+      std::cerr << "bench-make-hf: cannot write " << (fs::path(out) / name) << "\n";
       return 1;
     }
     std::fprintf(stderr, "wrote %s\n", name);

@@ -18,7 +18,7 @@ layers=()
 [ "$shape" = 70b ] && layers=(--layers 2)
 if [ ! -f "$model/model.safetensors.index.json" ]; then
   rm -rf "$model"
-  "$bin/kvq-bench-make-hf" --shape "$shape" --out "$model" "${layers[@]}"
+  "$bin/bench-make-hf" --shape "$shape" --out "$model" "${layers[@]}"
 fi
 corpus=$(source "$root/scripts/lib.sh" && kvq_default_corpus)
 flops=$(python3 - "$model/config.json" "$seq" <<'PY'
