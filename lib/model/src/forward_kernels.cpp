@@ -1,0 +1,341 @@
+// The forward's kernels (see forward_kernels.hpp): RoPE, RMSNorm, the Workspace, attention and
+// the MoE MLP, in fp32.
+#include "forward_kernels.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kvq/util/error.hpp"
+
+namespace kvq::detail {
+
+namespace {
+
+// One row's rotary dims, turned by rope_rotate_pair at the coordinates rope_stride gives. The
+// pairing is a template argument so that the stride and (interleaved) the partner are constants
+// and the loop over i vectorises.
+template <RopePairing kPairing>
+void rope_row(float* row, int half, const float* c, const float* s, float sign) {
+  const RopeStride st = rope_stride(kPairing, 2 * half);
+  for (int i = 0; i < half; ++i) {
+    float* a = row + st.stride * i;
+    float* b = a + st.partner;
+    rope_rotate_pair<float>(*a, *b, c[i], sign * s[i], a, b);
+  }
+}
+
+// Sliding-window mask of one query block: s is [n][len*G][t1 - k0] over keys k0..t1-1; row
+// r (query i = t0 + r/G) keeps keys i - W < j <= i and the rest become -inf.
+void mask_window(at::Tensor& s, int64_t t0, int64_t k0, int64_t G, int64_t W) {
+  const int64_t n = s.size(0), rows = s.size(1), cols = s.size(2);
+  float* sp = s.data_ptr<float>();
+  const float ninf = -std::numeric_limits<float>::infinity();
+  at::parallel_for(0, n * rows, std::max<int64_t>(1, 16384 / cols), [&](int64_t begin, int64_t end) {
+    for (int64_t nr = begin; nr < end; ++nr) {
+      const int64_t i = t0 + (nr % rows) / G;
+      const int64_t lo = std::max<int64_t>(0, i - W + 1 - k0), hi = std::min<int64_t>(cols, i - k0 + 1);
+      float* row = sp + nr * cols;
+      std::fill(row, row + lo, ninf);
+      std::fill(row + hi, row + cols, ninf);
+    }
+  });
+}
+
+}  // namespace
+
+RopeTable make_rope_table(const int64_t* positions, int seq, const RopeParams& rp, bool inverse) {
+  RopeTable tab;
+  tab.half = int(rp.inv_freq.size());
+  const double af = inverse ? 1.0 / rp.attention_factor : rp.attention_factor;
+  tab.cos.resize(size_t(seq) * tab.half);
+  tab.sin.resize(size_t(seq) * tab.half);
+  for (int t = 0; t < seq; ++t)
+    for (int i = 0; i < tab.half; ++i) {
+      const double angle = double(positions[t]) * rp.inv_freq[size_t(i)];  // double: exact at long positions
+      tab.cos[size_t(t) * tab.half + i] = float(af * std::cos(angle));
+      tab.sin[size_t(t) * tab.half + i] = float(af * std::sin(angle));
+    }
+  return tab;
+}
+
+// x: [n_windows][seq][rows_per_pos][head_dim]. The forward's single RoPE kernel (fp32): the
+// forward and apply_rope both run it, so they agree bit for bit.
+void rope_rows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,
+               const RopeTable& tab, RopePairing pairing, bool inverse) {
+  const int half = tab.half;
+  const float sign = inverse ? -1.f : 1.f;
+  const int64_t n_pos = n_windows * seq;
+  const int64_t grain = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, rows_per_pos * head_dim));
+  at::parallel_for(0, n_pos, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t wt = begin; wt < end; ++wt) {
+      const int t = int(wt % seq);
+      const float* c = tab.cos.data() + size_t(t) * half;
+      const float* s = tab.sin.data() + size_t(t) * half;
+      for (int64_t r = 0; r < rows_per_pos; ++r) {
+        float* row = x + (wt * rows_per_pos + r) * head_dim;
+        if (pairing == RopePairing::kSplitHalf)
+          rope_row<RopePairing::kSplitHalf>(row, half, c, s, sign);
+        else
+          rope_row<RopePairing::kInterleaved>(row, half, c, s, sign);
+      }
+    }
+  });
+}
+
+// out = x / rms(x) * w over the last dim of contiguous [N, D] tensors.
+void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& out) {
+  const int64_t n = x.size(0), d = x.size(1);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, n, std::max<int64_t>(1, 16384 / d), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xp + r * d;
+      float* yr = op + r * d;
+      // Eight independent partial sums let the compiler vectorise without -ffast-math.
+      float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t j = 0;
+      for (; j + 8 <= d; j += 8)
+        for (int u = 0; u < 8; ++u) part[u] += xr[j + u] * xr[j + u];
+      double ss = 0;
+      for (int u = 0; u < 8; ++u) ss += part[u];
+      for (; j < d; ++j) ss += double(xr[j]) * xr[j];
+      const float inv = float(1.0 / std::sqrt(ss / double(d) + eps));
+      for (int64_t k = 0; k < d; ++k) yr[k] = (xr[k] * inv) * wp[k];
+    }
+  });
+}
+
+Workspace::Workspace(const ModelConfig& c, int64_t B, int64_t T) : batch(B), seq(T) {
+  const int64_t N = B * T, H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
+  auto f = [](std::initializer_list<int64_t> shape) { return at::empty(shape, at::kFloat); };
+  h = f({N, c.hidden_size});
+  qkv = f({N, (H + 2 * Hk) * d});
+  q = f({N, H * d});
+  k = f({N, Hk * d});
+  v = f({N, Hk * d});
+  attn = f({N, H * d});
+  bool any_dense = false, any_moe = false;
+  for (int l = 0; l < c.n_layers; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
+  if (any_dense) {
+    gate_up = f({N, 2 * int64_t(c.intermediate_size)});
+    act = f({N, c.intermediate_size});
+  }
+  if (any_moe) {
+    // An expert sees at most every token once (top-k picks distinct experts).
+    moe_x = f({N, c.hidden_size});
+    moe_gate_up = f({N, 2 * int64_t(c.moe_intermediate_size)});
+    moe_act = f({N, c.moe_intermediate_size});
+    moe_out = f({N, c.hidden_size});
+  }
+  // Query blocks of tb positions only score the keys up to their end (about half of T x T);
+  // a few windows per chunk keep each block's scores cache-resident.
+  tb = std::min<int64_t>(T, std::max<int64_t>(64, (T + 7) / 8));
+  const int64_t per_window = H * tb * T * int64_t(sizeof(float));
+  chunk = std::max<int64_t>(1, std::min<int64_t>(B, (int64_t(4) << 20) / per_window));
+  qh = f({chunk * Hk, T * G, d});
+  kh = f({chunk * Hk, T, d});
+  vh = f({chunk * Hk, T, d});
+  scores = f({chunk * Hk * tb * G * T});
+  probs = f({chunk * Hk * tb * G * T});
+  out = f({chunk * Hk * tb * G * d});
+  // Row i*G + g (query i of the block, head g of the group) may see keys j <= i of the block.
+  mask_diag = at::full({tb, tb}, -std::numeric_limits<float>::infinity(), at::kFloat)
+                  .triu_(1)
+                  .unsqueeze(1)
+                  .expand({tb, G, tb})
+                  .reshape({tb * G, tb});
+}
+
+void Workspace::ensure_protected() {
+  if (kq.defined()) return;
+  kq = at::empty_like(k);
+  vq = at::empty_like(v);
+  khq = at::empty_like(kh);
+  vhq = at::empty_like(vh);
+  scores_q = at::empty_like(scores);
+  probs_q = at::empty_like(probs);
+}
+
+// Causal attention of ws.q (post-RoPE, [B*T, H*d]) over ws.k, ws.v ([B*T, Hkv*d]) into ws.attn.
+// The G query heads of a KV head are stacked as extra rows (t*G + g), so K and V are never
+// repeated and each query block is a contiguous row range. window > 0: query i sees only keys
+// j > i - window; a block whose keys all lie inside every row's window takes the plain causal path.
+void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window) {
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
+  const double scale = 1.0 / std::sqrt(double(d));
+  const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, d});
+  at::Tensor attn5 = ws.attn.view({B, T, Hk, G, d});
+  for (int64_t b0 = 0; b0 < B; b0 += ws.chunk) {
+    const int64_t nb = std::min(ws.chunk, B - b0), n = nb * Hk;
+    at::Tensor qh = ws.qh.narrow(0, 0, n), kh = ws.kh.narrow(0, 0, n), vh = ws.vh.narrow(0, 0, n);
+    qh.view({nb, Hk, T, G, d}).copy_(q5.narrow(0, b0, nb).permute({0, 2, 1, 3, 4}));
+    qh.mul_(scale);  // on q rather than on the larger score blocks
+    kh.view({nb, Hk, T, d}).copy_(k4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    vh.view({nb, Hk, T, d}).copy_(v4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    for (int64_t t0 = 0; t0 < T; t0 += ws.tb) {
+      const int64_t len = std::min(ws.tb, T - t0), t1 = t0 + len, rows = len * G;
+      // Sliding: the block's keys start at its first query's window (t1 - 1 < W: none cut off).
+      const bool windowed = window > 0 && t1 - 1 >= window;
+      const int64_t k0 = windowed ? std::max<int64_t>(0, t0 - window + 1) : 0, nk = t1 - k0;
+      at::Tensor s = ws.scores.narrow(0, 0, n * rows * nk).view({n, rows, nk});
+      at::Tensor p = ws.probs.narrow(0, 0, n * rows * nk).view({n, rows, nk});
+      at::Tensor o = ws.out.narrow(0, 0, n * rows * d).view({n, rows, d});
+      at::bmm_out(s, qh.narrow(1, t0 * G, rows), kh.narrow(1, k0, nk).transpose(1, 2));
+      if (windowed)
+        mask_window(s, t0, k0, G, window);
+      else
+        s.narrow(2, t0, len).add_(ws.mask_diag.narrow(0, 0, rows).narrow(1, 0, len));
+      at::softmax_out(p, s, -1);
+      at::bmm_out(o, p, vh.narrow(1, k0, nk));
+      attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, d}).permute({0, 2, 1, 3, 4}));
+    }
+  }
+}
+
+// attention() with a protected cache (see ProtectedKv): ws.kq, ws.vq hold the coded K (post-RoPE)
+// and V. Pair (i, j) reads the coded side when sink <= j <= i - recent, else the full one. Per
+// query block the full scores cover its keys k0..t1-1 as in attention(); the coded ones only the
+// keys some row of the block reads coded, [c0, c1). The selected scores go through one softmax;
+// the probabilities of coded pairs move to a second matrix, so that the output is
+// P_full·V + P_coded·V_coded. A block without coded pairs is attention()'s block, unchanged.
+void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, int64_t sink,
+                         int64_t recent) {
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
+  const double scale = 1.0 / std::sqrt(double(d));
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, d});
+  const at::Tensor kq4 = ws.kq.view({B, T, Hk, d}), vq4 = ws.vq.view({B, T, Hk, d});
+  at::Tensor attn5 = ws.attn.view({B, T, Hk, G, d});
+  for (int64_t b0 = 0; b0 < B; b0 += ws.chunk) {
+    const int64_t nb = std::min(ws.chunk, B - b0), n = nb * Hk;
+    at::Tensor qh = ws.qh.narrow(0, 0, n), kh = ws.kh.narrow(0, 0, n), vh = ws.vh.narrow(0, 0, n);
+    at::Tensor khq = ws.khq.narrow(0, 0, n), vhq = ws.vhq.narrow(0, 0, n);
+    qh.view({nb, Hk, T, G, d}).copy_(q5.narrow(0, b0, nb).permute({0, 2, 1, 3, 4}));
+    qh.mul_(scale);
+    kh.view({nb, Hk, T, d}).copy_(k4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    vh.view({nb, Hk, T, d}).copy_(v4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    khq.view({nb, Hk, T, d}).copy_(kq4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    vhq.view({nb, Hk, T, d}).copy_(vq4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    for (int64_t t0 = 0; t0 < T; t0 += ws.tb) {
+      const int64_t len = std::min(ws.tb, T - t0), t1 = t0 + len, rows = len * G;
+      const bool windowed = window > 0 && t1 - 1 >= window;
+      const int64_t k0 = windowed ? std::max<int64_t>(0, t0 - window + 1) : 0, nk = t1 - k0;
+      // Row i reads j coded for sink <= j <= i - recent: over the block, j in [c0, c1).
+      const int64_t c0 = std::max(k0, sink), c1 = t1 - recent, nc = c1 - c0;
+      at::Tensor s = ws.scores.narrow(0, 0, n * rows * nk).view({n, rows, nk});
+      at::Tensor p = ws.probs.narrow(0, 0, n * rows * nk).view({n, rows, nk});
+      at::Tensor o = ws.out.narrow(0, 0, n * rows * d).view({n, rows, d});
+      at::bmm_out(s, qh.narrow(1, t0 * G, rows), kh.narrow(1, k0, nk).transpose(1, 2));
+      if (nc <= 0) {  // every pair of the block is full precision
+        if (windowed)
+          mask_window(s, t0, k0, G, window);
+        else
+          s.narrow(2, t0, len).add_(ws.mask_diag.narrow(0, 0, rows).narrow(1, 0, len));
+        at::softmax_out(p, s, -1);
+        at::bmm_out(o, p, vh.narrow(1, k0, nk));
+      } else {
+        at::Tensor sq = ws.scores_q.narrow(0, 0, n * rows * nc).view({n, rows, nc});
+        at::Tensor pq = ws.probs_q.narrow(0, 0, n * rows * nc).view({n, rows, nc});
+        at::bmm_out(sq, qh.narrow(1, t0 * G, rows), khq.narrow(1, c0, nc).transpose(1, 2));
+        float* sp = s.data_ptr<float>();
+        const float* sqp = sq.data_ptr<float>();
+        const int64_t grain = std::max<int64_t>(1, 16384 / nk);
+        // Columns of row i: valid (causal, sliding) keys [lo, hi); coded among them [lo_c, hi_c).
+        auto bounds = [&](int64_t nr, int64_t& lo, int64_t& hi, int64_t& lo_c, int64_t& hi_c) {
+          const int64_t i = t0 + (nr % rows) / G;
+          lo = window > 0 ? std::max<int64_t>(0, i - window + 1 - k0) : 0;
+          hi = std::min<int64_t>(nk, i - k0 + 1);
+          lo_c = std::max(lo, sink - k0);
+          hi_c = std::min(hi, i - recent + 1 - k0);
+        };
+        at::parallel_for(0, n * rows, grain, [&](int64_t begin, int64_t end) {
+          for (int64_t nr = begin; nr < end; ++nr) {
+            int64_t lo, hi, lo_c, hi_c;
+            bounds(nr, lo, hi, lo_c, hi_c);
+            float* row = sp + nr * nk;
+            const float* rq = sqp + nr * nc + (k0 - c0);  // indexed by the same column as row
+            std::fill(row, row + lo, ninf);
+            std::fill(row + std::max(lo, hi), row + nk, ninf);
+            for (int64_t col = lo_c; col < hi_c; ++col) row[col] = rq[col];
+          }
+        });
+        at::softmax_out(p, s, -1);
+        float* pp = p.data_ptr<float>();
+        float* pqp = pq.data_ptr<float>();
+        at::parallel_for(0, n * rows, grain, [&](int64_t begin, int64_t end) {
+          for (int64_t nr = begin; nr < end; ++nr) {
+            int64_t lo, hi, lo_c, hi_c;
+            bounds(nr, lo, hi, lo_c, hi_c);
+            float* row = pp + nr * nk;
+            float* rq = pqp + nr * nc + (k0 - c0);
+            std::fill(rq + (c0 - k0), rq + (c1 - k0), 0.f);
+            for (int64_t col = lo_c; col < hi_c; ++col) {
+              rq[col] = row[col];
+              row[col] = 0.f;
+            }
+          }
+        });
+        at::bmm_out(o, p, vh.narrow(1, k0, nk));
+        o.baddbmm_(pq, vhq.narrow(1, c0, nc));
+      }
+      attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, d}).permute({0, 2, 1, 3, 4}));
+    }
+  }
+}
+
+// x += Σ_kept p_e · SwiGLU_e(ws.h) for the top-k experts of each token (router softmax in fp32).
+// Only chosen experts run: the tokens routed to expert e are gathered, one GEMM chain per expert,
+// scaled by their weights and added back in expert order. Top-k ties go to the lower expert index
+// (torch.topk leaves tie order unspecified; exact ties of fp32 router probabilities are rare).
+void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Tensor& x) {
+  const int64_t N = ws.h.size(0), E = c.n_experts, K = c.n_experts_per_tok, Ie = c.moe_intermediate_size;
+  const at::Tensor probs = at::softmax(at::mm(ws.h, L.router.t()), -1).contiguous();  // [N, E]
+  const float* pp = probs.data_ptr<float>();
+  std::vector<int32_t> pick(size_t(N * K));
+  std::vector<float> weight(size_t(N * K));
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    for (int64_t t = begin; t < end; ++t) {
+      const float* pr = pp + t * E;
+      for (int32_t e = 0; e < E; ++e) order[size_t(e)] = e;
+      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
+        return pr[a] > pr[b] || (pr[a] == pr[b] && a < b);
+      });
+      float sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += pr[order[size_t(k)]];
+      for (int64_t k = 0; k < K; ++k) {
+        pick[size_t(t * K + k)] = order[size_t(k)];
+        weight[size_t(t * K + k)] = c.norm_topk_prob ? pr[order[size_t(k)]] / sum : pr[order[size_t(k)]];
+      }
+    }
+  });
+  // Tokens of each expert, in token order.
+  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(E));
+  std::vector<std::vector<float>> wts(static_cast<size_t>(E));
+  for (int64_t i = 0; i < N * K; ++i) {
+    rows[size_t(pick[size_t(i)])].push_back(i / K);
+    wts[size_t(pick[size_t(i)])].push_back(weight[size_t(i)]);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t n = int64_t(rows[size_t(e)].size());
+    if (n == 0) continue;
+    const at::Tensor idx = at::from_blob(rows[size_t(e)].data(), {n}, at::kLong);
+    const at::Tensor we = at::from_blob(wts[size_t(e)].data(), {n, 1}, at::kFloat);
+    at::Tensor xe = ws.moe_x.narrow(0, 0, n), gu = ws.moe_gate_up.narrow(0, 0, n);
+    at::Tensor act = ws.moe_act.narrow(0, 0, n), out = ws.moe_out.narrow(0, 0, n);
+    at::index_select_out(xe, ws.h, 0, idx);
+    at::mm_out(gu, xe, L.expert_gate_up[size_t(e)].t());
+    at::silu_out(act, gu.narrow(1, 0, Ie));
+    act.mul_(gu.narrow(1, Ie, Ie));
+    at::mm_out(out, act, L.expert_down[size_t(e)].t());
+    out.mul_(we);
+    x.index_add_(0, idx, out);
+  }
+}
+
+}  // namespace kvq::detail

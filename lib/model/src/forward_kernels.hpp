@@ -1,0 +1,98 @@
+#pragma once
+// The forward's kernels, apart from the layer loop that calls them (model.cpp): RoPE tables and
+// the one fp32 RoPE kernel, RMSNorm, the per-forward Workspace, causal/sliding-window attention
+// (plain and with a protected cache), and the MoE MLP. Internal to kvq_model.
+#include <ATen/ATen.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kvq/model/config.hpp"
+#include "weights.hpp"
+
+namespace kvq::detail {
+
+// af * cos/sin of pos * inv_freq[i] for every position and rotary block: [seq][d_r/2]. The
+// inverse rotation uses 1/af, so that rotating back undoes the attention factor too.
+struct RopeTable {
+  int half = 0;
+  std::vector<float> cos, sin;
+};
+
+RopeTable make_rope_table(const int64_t* positions, int seq, const RopeParams& rp, bool inverse);
+
+// x: [n_windows][seq][rows_per_pos][head_dim]. The forward's single RoPE kernel (fp32): the
+// forward and apply_rope both run it, so they agree bit for bit.
+void rope_rows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,
+               const RopeTable& tab, RopePairing pairing, bool inverse);
+
+// out = x / rms(x) * w over the last dim of contiguous [N, D] tensors.
+void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& out);
+
+// Buffers of one forward call, allocated once and reused by every layer (fresh multi-MB
+// allocations would otherwise page-fault in each layer).
+struct Workspace {
+  at::Tensor h, qkv, q, k, v, attn, gate_up, act;  // per token
+  at::Tensor qh, kh, vh, scores, probs, out;       // attention, per chunk of windows
+  at::Tensor mask_diag;                            // [tb*G, tb] additive causal mask
+  // Protected cache only (ensure_protected): the coded K/V beside the full ones.
+  at::Tensor kq, vq, khq, vhq, scores_q, probs_q;
+  at::Tensor moe_x, moe_gate_up, moe_act, moe_out;  // MoE: the rows routed to one expert
+  int64_t batch = 0, seq = 0, chunk = 1, tb = 1;
+
+  Workspace(const ModelConfig& c, int64_t B, int64_t T);
+  // The coded K/V buffers of a protected cache, allocated on first use.
+  void ensure_protected();
+};
+
+// The model's cached Workspace for the duration of one forward when it is free (an atomic flag,
+// not a mutex, because an observer may call forward re-entrantly), else a private one.
+class WorkspaceLease {
+ public:
+  WorkspaceLease(ModelWeights& w, const ModelConfig& c, int64_t B, int64_t T)
+      : w_(w), owned_(!w.scratch_busy.exchange(true)) {
+    if (owned_) ws_ = std::static_pointer_cast<Workspace>(w.scratch);
+    if (!ws_ || ws_->batch != B || ws_->seq != T) {
+      ws_.reset();
+      if (owned_) w.scratch.reset();  // free the old buffers before allocating new ones
+      ws_ = std::make_shared<Workspace>(c, B, T);
+      if (owned_) w.scratch = ws_;
+    }
+  }
+  ~WorkspaceLease() {
+    if (owned_) w_.scratch_busy.store(false);
+  }
+  WorkspaceLease(const WorkspaceLease&) = delete;
+  WorkspaceLease& operator=(const WorkspaceLease&) = delete;
+  Workspace& get() { return *ws_; }
+
+ private:
+  ModelWeights& w_;
+  bool owned_;
+  std::shared_ptr<Workspace> ws_;
+};
+
+// Causal attention of ws.q (post-RoPE, [B*T, H*d]) over ws.k, ws.v ([B*T, Hkv*d]) into ws.attn.
+// The G query heads of a KV head are stacked as extra rows (t*G + g), so K and V are never
+// repeated and each query block is a contiguous row range. window > 0: query i sees only keys
+// j > i - window; a block whose keys all lie inside every row's window takes the plain causal path.
+void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window);
+
+// attention() with a protected cache (see ProtectedKv): ws.kq, ws.vq hold the coded K (post-RoPE)
+// and V. Pair (i, j) reads the coded side when sink <= j <= i - recent, else the full one. Per
+// query block the full scores cover its keys k0..t1-1 as in attention(); the coded ones only the
+// keys some row of the block reads coded, [c0, c1). The selected scores go through one softmax;
+// the probabilities of coded pairs move to a second matrix, so that the output is
+// P_full·V + P_coded·V_coded. A block without coded pairs is attention()'s block, unchanged.
+void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, int64_t sink,
+                         int64_t recent);
+
+// x += Σ_kept p_e · SwiGLU_e(ws.h) for the top-k experts of each token (router softmax in fp32).
+// Only chosen experts run: the tokens routed to expert e are gathered, one GEMM chain per expert,
+// scaled by their weights and added back in expert order. Top-k ties go to the lower expert index
+// (torch.topk leaves tie order unspecified; exact ties of fp32 router probabilities are rare).
+void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Tensor& x);
+
+}  // namespace kvq::detail
