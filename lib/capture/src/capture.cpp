@@ -15,12 +15,14 @@
 #include <unistd.h>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "capture_detail.hpp"
 #include "kvq/util/rng.hpp"
 #include "kvq/model/model.hpp"
 #include "kvq/model/tokenizer.hpp"
 #include "kvq/util/error.hpp"
+#include "kvq/util/payload_memory.hpp"
 #include "kvq/util/progress.hpp"
 
 namespace kvq {
@@ -296,7 +298,17 @@ MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
   const int64_t holdout = int64_t(in.plan.holdout.size()) * T * L * row;
   const int64_t d = cfg.head_dim;
   const int64_t moments = L * int64_t(3 * cfg.n_kv_heads) * (d * d + d) * int64_t(sizeof(double));
-  m.payload = reservoir + holdout + moments;
+  // Streamed, the reservoir and held-out rows live in files beside --out (payload_memory.hpp) and
+  // about one layer of them is resident: each row's slice of the layer, rounded out to pages.
+  const int64_t page = 4096;
+  auto pages = [&](int64_t bytes) { return ((bytes + page - 1) / page + 1) * page; };
+  const int64_t rows = std::min<int64_t>(o.reservoir_tokens, n_win * T);
+  const int64_t hd = int64_t(cfg.head_dim) * int64_t(sizeof(float));
+  const int64_t res_layer =
+      rows * (pages(cfg.n_heads * hd) + 2 * pages(cfg.n_kv_heads * hd));
+  const int64_t hold_layer = int64_t(in.plan.holdout.size()) * T * row + 3 * 2 * page;
+  m.payload_in_file = reservoir + holdout;
+  m.payload = std::min(reservoir, res_layer) + std::min(holdout, hold_layer) + moments;
   m.per_window = T * int64_t(cfg.hidden_size) * int64_t(sizeof(float));
   const int64_t fixed = m.layer + m.scratch + m.payload;
   if (fixed > m.budget)
@@ -304,7 +316,7 @@ MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
                 gib(m.budget) + " cannot hold one layer's pass: layer " + std::to_string(m.widest_layer) + " takes " +
                     gib(m.layer) + " (fp32 " + gib(in.model.layer_fp32_bytes(m.widest_layer)) + " + stored " +
                     gib(in.model.layer_stored_bytes(m.widest_layer)) + "), a batch's scratch " + gib(m.scratch) +
-                    ", the file's reservoir/held-out/moments " + gib(m.payload) + "; need at least " + gib(fixed));
+                    ", the file's resident reservoir/held-out/moments " + gib(m.payload) + "; need at least " + gib(fixed));
   const int64_t B = o.batch_size;
   const int64_t fit = (m.budget - fixed) / m.per_window / B * B;  // whole batches whose hidden states fit
   const int64_t all = std::max<int64_t>(B, (n_win + B - 1) / B * B);
@@ -314,9 +326,11 @@ MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
   if (o.checkpoint_every > 0)      // chunks end where the batch loop would write its checkpoints
     m.chunk = std::min(m.chunk, (int64_t(o.checkpoint_every) + B - 1) / B * B);
   spdlog::info("memory plan: budget {}, layer {} {} (fp32 {} + stored {}), scratch {} (batch {} x {} tokens), "
-                "payload {}, hidden states {} per window, chunk {} windows{}, expected peak {}",
+                "payload {} resident ({} in files beside --out), hidden states {} per window, chunk {} windows{}, "
+                "expected peak {}",
                 gib(m.budget), m.widest_layer, gib(m.layer), gib(in.model.layer_fp32_bytes(m.widest_layer)),
                 gib(in.model.layer_stored_bytes(m.widest_layer)), gib(m.scratch), B, T, gib(m.payload),
+                gib(m.payload_in_file),
                 gib(m.per_window), m.chunk, m.spill ? " spilled to a file beside --out" : "", gib(m.peak()));
   return m;
 }
@@ -329,9 +343,9 @@ void capture_holdout(const Inputs& in, int batch_size, CalibFile& c) {
   Holdout& h = c.holdout;
   h.windows = int(offs.size());
   for (int t = 0; t < (h.windows > 0 ? T : 0); ++t) h.positions.push_back(t);
-  h.q.assign(L * h.windows * T * nq, 0.f);
-  h.k.assign(L * h.windows * T * nkv, 0.f);
-  h.v.assign(L * h.windows * T * nkv, 0.f);
+  h.q = payload::zeros(L * h.windows * T * nq);
+  h.k = payload::zeros(L * h.windows * T * nkv);
+  h.v = payload::zeros(L * h.windows * T * nkv);
   if (in.model.streamed()) {  // one chunk: each layer converted once for all held-out windows
     std::vector<std::unique_ptr<HoldoutObserver>> obs;
     std::vector<Model::ChunkBatch> batches;
@@ -343,7 +357,9 @@ void capture_holdout(const Inputs& in, int batch_size, CalibFile& c) {
       obs.back()->first_window = int(w0);
       batches.push_back({ids, obs.back().get(), nullptr});
     }
-    if (!batches.empty()) in.model.forward_chunk(batches);
+    Model::ChunkHooks hooks;
+    hooks.after_layer = [](int) { payload::release_all(); };  // the layer's rows go to the file
+    if (!batches.empty()) in.model.forward_chunk(batches, hooks);
     return;
   }
   HoldoutObserver hob(h, in.shape, T);
@@ -402,6 +418,7 @@ void run_windows_streamed(const Inputs& in, const CaptureOptions& o, CalibFile& 
         spill->park(row0[i] * row_bytes, batches[i].ids.size(0) * T * row_bytes);
       };
     hooks.after_layer = [&](int l) {
+      payload::release_all();  // the reservoir rows of layer l go to their file (when file-backed)
       const int64_t steps = (begin - start) * L + (end - begin) * (l + 1);
       char detail[96];
       std::snprintf(detail, sizeof detail, "windows %lld-%lld/%lld  chunk %lld/%lld  layer %d/%d", (long long)begin,
@@ -477,6 +494,13 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
   const size_t d = size_t(shape.head_dim), L = size_t(shape.n_layers);
   const size_t nq = size_t(shape.n_heads) * d, nkv = size_t(shape.n_kv_heads) * d;
 
+  // A streamed capture keeps the file's payload (reservoir, held-out windows) in unlinked files
+  // beside --out, about one layer of it resident (see MemoryPlan).
+  std::optional<payload::FileBacked> file_payload;
+  if (in->model.streamed()) {
+    const std::filesystem::path dir = std::filesystem::path(o.out).parent_path();
+    file_payload.emplace(dir.empty() ? std::string(".") : dir.string());
+  }
   CalibFile c;
   if (o.resume && std::filesystem::exists(o.out)) {
     c = read_calib(o.out, true);
@@ -501,23 +525,19 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
   Reservoir& rv = c.reservoir;
   int64_t filled = rv.size();
   const int64_t rows_max = std::min<int64_t>(rv.capacity, int64_t(c.calib_offsets.size()) * o.seq_len);
-  rv.q.resize(size_t(rows_max) * L * nq, 0.f);
-  rv.k.resize(size_t(rows_max) * L * nkv, 0.f);
-  rv.v.resize(size_t(rows_max) * L * nkv, 0.f);
+  payload::grow_zeroed(rv.q, size_t(rows_max) * L * nq);
+  payload::grow_zeroed(rv.k, size_t(rows_max) * L * nkv);
+  payload::grow_zeroed(rv.v, size_t(rows_max) * L * nkv);
   rv.source.resize(size_t(rows_max) * 2, 0);
   Rng rrng(0);
   rrng.set_state(rv.rng_state.data());
 
   // Written trimmed to the filled reservoir rows, in place rather than from a copy (the payload
-  // may be gigabytes): slots fill in order, so the rows past `filled` are still zero and growing
-  // the vectors back to capacity afterwards restores them exactly.
+  // may be gigabytes): the file holds rv.size() = source rows, so only `source` is trimmed (slots
+  // fill in order; its rows past `filled` are still zero, and growing it back restores them).
+  // q, k, v keep their rows_max rows, of which the write reads the first rv.size().
   auto snapshot = [&](const std::string& path) {
-    auto trim = [&](int64_t rows) {
-      rv.source.resize(size_t(rows) * 2, 0);
-      rv.q.resize(size_t(rows) * L * nq, 0.f);
-      rv.k.resize(size_t(rows) * L * nkv, 0.f);
-      rv.v.resize(size_t(rows) * L * nkv, 0.f);
-    };
+    auto trim = [&](int64_t rows) { rv.source.resize(size_t(rows) * 2, 0); };
     trim(filled);
     rrng.get_state(rv.rng_state.data());
     try {

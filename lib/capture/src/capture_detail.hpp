@@ -22,7 +22,9 @@ struct MemoryPlan {
   int64_t layer = 0;       // the largest layer: fp32 + stored bytes
   int widest_layer = 0;
   int64_t scratch = 0;     // one batch's forward scratch
-  int64_t payload = 0;     // what the calibration file holds in memory (reservoir, held-out, moments)
+  int64_t payload = 0;     // what of the calibration file is resident (moments; reservoir and held-out
+                           // rows of one layer: the rest lives in files beside --out)
+  int64_t payload_in_file = 0;  // reservoir + held-out rows, file-backed
   int64_t per_window = 0;  // one window's hidden states
   int64_t chunk = 0;       // windows per chunk (a multiple of --batch)
   bool spill = false;      // the chunk's hidden states live in a temporary file beside --out

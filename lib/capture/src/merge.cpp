@@ -60,8 +60,8 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
     const auto sh = a.shape();
     const size_t T = size_t(pa.seq_len), d = size_t(sh.head_dim);
     const size_t Ma = size_t(a.holdout.windows), Mb = size_t(b.holdout.windows);
-    auto cat = [&](const std::vector<float>& xa, const std::vector<float>& xb, size_t heads) {
-      std::vector<float> out;
+    auto cat = [&](const payload::FloatVector& xa, const payload::FloatVector& xb, size_t heads) {
+      payload::FloatVector out;
       const size_t per = T * heads * d;
       for (size_t l = 0; l < size_t(sh.n_layers); ++l) {
         out.insert(out.end(), xa.begin() + long(l * Ma * per), xa.begin() + long((l + 1) * Ma * per));

@@ -240,6 +240,9 @@ void write_calib(const std::string& path, const CalibFile& c) {
       h5::write_attr(r, "seen", rv.seen);
       h5::write(r, "rng_state", {4}, rv.rng_state.data());
       h5::write(r, "source", {n, 2}, rv.source.data());
+      // q, k, v may hold more rows than are filled (a capture's buffer): the first n are written.
+      if (rv.q.size() < n * L * NH * d || rv.k.size() < n * L * H * d || rv.v.size() < n * L * H * d)
+        throw Error(path, "/reservoir/q", "holds fewer rows than /reservoir/source (" + std::to_string(n) + ")");
       h5::write(r, "q", {n, L, NH, d}, rv.q.data());
       h5::write(r, "k", {n, L, H, d}, rv.k.data());
       h5::write(r, "v", {n, L, H, d}, rv.v.data());
@@ -348,9 +351,9 @@ CalibFile read_calib(const std::string& path, bool samples) {
   const hsize_t n = src_shape[0];
   rv.source = h5::read_i64(path, r, "source", {n, 2});
   if (samples) {
-    rv.q = h5::read_f32(path, r, "q", {n, L, NH, d});
-    rv.k = h5::read_f32(path, r, "k", {n, L, H, d});
-    rv.v = h5::read_f32(path, r, "v", {n, L, H, d});
+    h5::read_f32(path, r, "q", {n, L, NH, d}, &rv.q);
+    h5::read_f32(path, r, "k", {n, L, H, d}, &rv.k);
+    h5::read_f32(path, r, "v", {n, L, H, d}, &rv.v);
   }
 
   auto ho = h5::open_group(path, root, "holdout");
@@ -363,9 +366,9 @@ CalibFile read_calib(const std::string& path, bool samples) {
   if (samples) {
     hd.ids = h5::read_i64(path, ho, "ids", {hsize_t(M), T});
     hd.positions = h5::read_i64(path, ho, "positions", {M > 0 ? T : 0});
-    hd.q = h5::read_f32(path, ho, "q", {L, hsize_t(M), T, NH, d});
-    hd.k = h5::read_f32(path, ho, "k", {L, hsize_t(M), T, H, d});
-    hd.v = h5::read_f32(path, ho, "v", {L, hsize_t(M), T, H, d});
+    h5::read_f32(path, ho, "q", {L, hsize_t(M), T, NH, d}, &hd.q);
+    h5::read_f32(path, ho, "k", {L, hsize_t(M), T, H, d}, &hd.k);
+    h5::read_f32(path, ho, "v", {L, hsize_t(M), T, H, d}, &hd.v);
   }
   return c;
 }

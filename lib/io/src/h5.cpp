@@ -2,7 +2,9 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
 #include <mutex>
+#include <type_traits>
 
 #include "kvq/util/error.hpp"
 
@@ -163,6 +165,25 @@ double read_attr_f64(const std::string& file, const H5::H5Object& o, const std::
   }
 }
 
+// Runs f(memory space, file space, first element, elements) over slabs of whole dim-0 rows of
+// about kSlabBytes each.
+template <class F>
+static void for_slabs(const std::vector<hsize_t>& dims, size_t esize, F&& f) {
+  constexpr size_t kSlabBytes = size_t(32) << 20;
+  size_t row = 1;
+  for (size_t i = 1; i < dims.size(); ++i) row *= dims[i];
+  const hsize_t per = std::max<hsize_t>(1, hsize_t(kSlabBytes / std::max<size_t>(1, row * esize)));
+  H5::DataSpace file(int(dims.size()), dims.data());
+  for (hsize_t r0 = 0; r0 < dims[0]; r0 += per) {
+    std::vector<hsize_t> start(dims.size(), 0), count = dims;
+    start[0] = r0;
+    count[0] = std::min<hsize_t>(per, dims[0] - r0);
+    file.selectHyperslab(H5S_SELECT_SET, count.data(), start.data());
+    H5::DataSpace mem(int(count.size()), count.data());
+    f(mem, file, size_t(r0) * row, size_t(count[0]) * row);
+  }
+}
+
 template <class T>
 static void write_impl(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const T* data,
                        const H5::PredType& file_type, const H5::PredType& mem_type) {
@@ -172,7 +193,15 @@ static void write_impl(H5::Group& g, const std::string& name, const std::vector<
   auto ds = g.createDataSet(name, file_type, space, dcpl);
   size_t n = 1;
   for (auto x : dims) n *= x;
-  if (n > 0) ds.write(data, mem_type);
+  if (n == 0) return;
+  if (!payload::is_file_backed(data, n * sizeof(T))) {
+    ds.write(data, mem_type);
+    return;
+  }
+  for_slabs(dims, sizeof(T), [&](const H5::DataSpace& mem, const H5::DataSpace& file, size_t off, size_t count) {
+    ds.write(data + off, mem_type, mem, file);
+    payload::release(data + off, count * sizeof(T));
+  });
 }
 
 void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, const double* p) {
@@ -226,8 +255,14 @@ std::vector<hsize_t> shape_of(const std::string& file, const H5::Group& g, const
   }
 }
 
-template <class T>
-static std::vector<T> read_impl(const std::string& file, const H5::Group& g, const std::string& name,
+template <class Out>
+static Out sized(size_t n) {
+  if constexpr (std::is_same_v<Out, payload::FloatVector>) return payload::zeros(n);
+  else return Out(n);
+}
+
+template <class T, class Out = std::vector<T>>
+static Out read_impl(const std::string& file, const H5::Group& g, const std::string& name,
                                 const std::vector<hsize_t>& expect, const H5::PredType& mem_type,
                                 H5T_class_t cls) {
   const std::string where = path_of(g) == "/" ? "/" + name : path_of(g) + "/" + name;
@@ -262,8 +297,16 @@ static std::vector<T> read_impl(const std::string& file, const H5::Group& g, con
       throw Error(file, where,
                   "shape " + dims_str(dims) + " needs " + (overflow ? "more than 2^64" : std::to_string(need)) +
                       " bytes but the file stores " + std::to_string(stored) + " (truncated or corrupt)");
-    std::vector<T> out(n);
-    if (n > 0) ds.read(out.data(), mem_type);
+    Out out = sized<Out>(n);
+    if (n == 0) return out;
+    if (!payload::is_file_backed(out.data(), n * sizeof(T))) {
+      ds.read(out.data(), mem_type);
+      return out;
+    }
+    for_slabs(dims, sizeof(T), [&](const H5::DataSpace& mem, const H5::DataSpace& fsp, size_t off, size_t count) {
+      ds.read(out.data() + off, mem_type, mem, fsp);
+      payload::release(out.data() + off, count * sizeof(T));
+    });
     return out;
   } catch (const H5::Exception&) {
     throw Error(file, where, "unreadable dataset (truncated or corrupt file)");
@@ -277,6 +320,11 @@ std::vector<double> read_f64(const std::string& f, const H5::Group& g, const std
 std::vector<float> read_f32(const std::string& f, const H5::Group& g, const std::string& n,
                             const std::vector<hsize_t>& e) {
   return read_impl<float>(f, g, n, e, H5::PredType::NATIVE_FLOAT, H5T_FLOAT);
+}
+void read_f32(const std::string& f, const H5::Group& g, const std::string& n, const std::vector<hsize_t>& e,
+              payload::FloatVector* out) {
+  *out = payload::FloatVector();  // free the old storage first
+  *out = read_impl<float, payload::FloatVector>(f, g, n, e, H5::PredType::NATIVE_FLOAT, H5T_FLOAT);
 }
 std::vector<int64_t> read_i64(const std::string& f, const H5::Group& g, const std::string& n,
                               const std::vector<hsize_t>& e) {

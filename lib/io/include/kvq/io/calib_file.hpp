@@ -9,6 +9,7 @@
 #include "kvq/corpus/corpus.hpp"
 #include "kvq/model/config.hpp"
 #include "kvq/stats/moments.hpp"
+#include "kvq/util/payload_memory.hpp"
 
 namespace kvq {
 
@@ -65,14 +66,14 @@ struct Reservoir {
   int64_t seen = 0;                      // tokens offered so far
   std::array<uint64_t, 4> rng_state{};   // generator state, so a resume continues the draw
   std::vector<int64_t> source;           // [n][2]: (calibration window index, position)
-  std::vector<float> q, k, v;            // [n][L][n_heads|n_kv_heads][d]
+  payload::FloatVector q, k, v;          // [n][L][n_heads|n_kv_heads][d]
   int64_t size() const { return int64_t(source.size() / 2); }
 };
 
 struct Holdout {
   std::vector<int64_t> ids;        // [M][T]
   std::vector<int64_t> positions;  // [T]
-  std::vector<float> q, k, v;      // [L][M][T][n_heads|n_kv_heads][d], pre-RoPE
+  payload::FloatVector q, k, v;    // [L][M][T][n_heads|n_kv_heads][d], pre-RoPE
   int windows = 0;
 };
 

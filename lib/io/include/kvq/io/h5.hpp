@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "kvq/util/payload_memory.hpp"
+
 namespace kvq::h5 {
 
 void quiet();  // turn off HDF5's automatic error stack printing (once per process)
@@ -24,7 +26,10 @@ std::string read_attr_str(const std::string& file, const H5::H5Object& o, const 
 int64_t read_attr_i64(const std::string& file, const H5::H5Object& o, const std::string& name);
 double read_attr_f64(const std::string& file, const H5::H5Object& o, const std::string& name);
 
-// Datasets are written contiguous, without timestamps; dims are the shape.
+// Datasets are written contiguous, without timestamps; dims are the shape. Data in file-backed
+// payload memory (kvq/util/payload_memory.hpp) is written in slabs along dim 0 and each slab's
+// pages are released after it is written, so a payload larger than RAM is never resident at once
+// (same bytes in the file).
 void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const double* data);
 void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const float* data);
 void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const int64_t* data);
@@ -42,6 +47,10 @@ std::vector<uint64_t> read_u64(const std::string& file, const H5::Group& g, cons
                                const std::vector<hsize_t>& expect);
 std::vector<int32_t> read_i32(const std::string& file, const H5::Group& g, const std::string& name,
                               const std::vector<hsize_t>& expect);
+// read_f32 into payload memory: while a payload::FileBacked scope is alive the rows are read in
+// slabs along dim 0, each slab released after it is read.
+void read_f32(const std::string& file, const H5::Group& g, const std::string& name,
+              const std::vector<hsize_t>& expect, payload::FloatVector* out);
 // Shape of a dataset (throws naming it when absent).
 std::vector<hsize_t> shape_of(const std::string& file, const H5::Group& g, const std::string& name);
 bool exists(const H5::Group& g, const std::string& name);
