@@ -33,13 +33,20 @@ int main(int argc, char** argv) {
   app.add_option("--rotate-below", o.rotate_below,
                  "TQ groups narrower than W bits are coded without rotation (0: rotate all; the Block-GTQ reference: 3)")
       ->default_val(o.rotate_below);
+  std::string codebook = "gaussian";
+  app.add_option("--codebook", codebook,
+                 "TQ groups' scalar codebook: gaussian (Lloyd-Max for N(0, 1/m)) or exact (Lloyd-Max for the exact "
+                 "coordinate law of a random unit vector in R^m, groups of 2..64 dims; larger ones stay gaussian). "
+                 "Costs no bits; uniform and block-gtq only")
+      ->default_val(codebook)->check(CLI::IsMember({"gaussian", "exact"}));
   app.add_option("--seed", o.seed, "base seed of every rotation and Hadamard sign pattern")->default_val(o.seed);
   auto* g = app.add_option_group("Block-GTQ");
   g->add_option("--b-min", o.b_min, "smallest width per RoPE block")->default_val(o.b_min)->check(CLI::Range(1, 8));
   g->add_option("--b-max", o.b_max, "largest width per RoPE block / uniform width cap")->default_val(o.b_max)
       ->check(CLI::Range(1, 8));
   g->add_flag("--exact-distortion", o.exact_distortion,
-              "use the Lloyd-Max MSE of each width instead of 4^-b in the greedy objective");
+              "use the Lloyd-Max MSE of each width instead of 4^-b in the greedy objective (with --codebook exact: "
+              "the exact codebook's MSE at the size of the group each width forms, a per-head fixed point)");
   auto* c = app.add_option_group("KV-COBRA");
   c->add_option("--rounds", o.rounds, "damped C2 rounds")->default_val(o.rounds)->check(CLI::Range(0, 1000));
   c->add_option("--damping", o.damping, "damped C2 step factor")->default_val(o.damping);
@@ -69,6 +76,7 @@ int main(int argc, char** argv) {
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {
     o.norm_correction = !no_norm_correction;
+    o.codebook = codebook == "exact" ? kvq::TqCodebook::kSphere : kvq::TqCodebook::kGaussian;
     o.method = kvq::allocation_method_from_flag("--method", method, kvq::Side::kK);
     // layer-precision decides K and V of a layer together: --v-method follows unless given.
     if (o.method == kvq::Method::kLayerPrecision && v_method_opt->count() == 0) v_method = method;

@@ -352,6 +352,60 @@ std::vector<TqGroup> groups_from_block_bits(const std::vector<int>& block_bits,
   return groups_from_coords(block_bits.data(), static_cast<int>(block_bits.size()), coords.data());
 }
 
+namespace {
+
+// J(A) with each width's distortion at the size of the group it forms in A.
+double self_consistent_objective(const std::vector<double>& s, const std::vector<int>& bits,
+                                 const GroupDistortion& D) {
+  int count[17] = {0};
+  for (int b : bits) ++count[b];
+  double j = 0.0;
+  for (size_t i = 0; i < s.size(); ++i) j += s[i] * D(bits[i], 2 * count[bits[i]]);
+  return j;
+}
+
+bool table_ok(const std::vector<double>& t, int b_min, int b_max) {
+  try {
+    check_distortion_table(t, b_min, b_max);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+// BlockGtqOptions::group_distortion's fixed point for one head (see the header).
+GreedyResult greedy_group_distortion(const std::vector<double>& s, double bits_per_dim,
+                                     const BlockGtqOptions& opt, int head_dim) {
+  GreedyOptions g = opt.greedy;
+  g.distortion_table.assign(static_cast<size_t>(g.b_max) + 1, 0.0);
+  for (int b = 0; b <= g.b_max; ++b) g.distortion_table[static_cast<size_t>(b)] = opt.group_distortion(b, head_dim);
+  GreedyResult best;
+  double best_j = std::numeric_limits<double>::infinity();
+  std::vector<int> prev;
+  const int iters = std::max(1, opt.max_table_iterations);
+  for (int k = 0; k < iters; ++k) {
+    if (!table_ok(g.distortion_table, g.b_min, g.b_max)) {
+      if (k == 0) check_distortion_table(g.distortion_table, g.b_min, g.b_max);  // names the fault
+      break;
+    }
+    GreedyResult r = greedy_core(s, bits_per_dim, g);
+    if (r.bits == prev) break;  // a fixed point: this table is the allocation's own
+    r.objective = self_consistent_objective(s, r.bits, opt.group_distortion);
+    prev = r.bits;
+    int count[17] = {0};
+    for (int b : r.bits) ++count[b];
+    for (int b = 0; b <= g.b_max; ++b)
+      g.distortion_table[static_cast<size_t>(b)] = opt.group_distortion(b, count[b] ? 2 * count[b] : 2);
+    if (r.objective < best_j) {
+      best_j = r.objective;
+      best = std::move(r);
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
 Allocation allocate_block_gtq(const BlockGtqInput& in, double bits_per_dim,
                               const BlockGtqOptions& opt) {
   validate_shape(in.shape);
@@ -397,7 +451,8 @@ Allocation allocate_block_gtq(const BlockGtqInput& in, double bits_per_dim,
       bad |= (u >> 52) >= 0x7ff;
     }
     if (bad) check_energies(e, field());
-    GreedyResult r = greedy_core(in.energies[i], bits_per_dim, g);
+    GreedyResult r = opt.group_distortion ? greedy_group_distortion(in.energies[i], bits_per_dim, opt, d)
+                                          : greedy_core(in.energies[i], bits_per_dim, g);
 
     HeadDecision& h = out.heads.emplace_back();
     h.layer = layer;
@@ -428,7 +483,7 @@ Allocation allocate_block_gtq(const BlockGtqInput& in, double bits_per_dim,
   for (double v : g.distortion_table) table += (table.empty() ? "" : ",") + num(v);
   s.params = {{"b_min", num(g.b_min)},
               {"b_max", num(g.b_max)},
-              {"distortion", g.distortion_table.empty() ? "4^-b" : "table"},
+              {"distortion", opt.group_distortion ? "group-fixed-point" : g.distortion_table.empty() ? "4^-b" : "table"},
               {"distortion_table", table},
               {"budget_rule", "floor(n_b * bpd + 1e-9) block-bits per head"},
               {"tie_rule", "lower block index"},

@@ -262,6 +262,23 @@ ScaledCodebook scaled_codebook(int bits, int m) {
   return out;
 }
 
+ScaledCodebook group_codebook(TqCodebook kind, int bits, int m) {
+  if (kind == TqCodebook::kGaussian) return scaled_codebook(bits, m);
+  if (kind != TqCodebook::kSphere)
+    throw Error("", "codebook", "unknown kind " + std::to_string(static_cast<uint32_t>(kind)));
+  const LloydMaxCodebook& cb = lloyd_max_sphere(bits, m);  // checks 2 <= m <= kSphereExactMaxM
+  ScaledCodebook out;
+  out.centroids.assign(cb.centroids.begin(), cb.centroids.end());
+  out.thresholds.assign(cb.thresholds.begin(), cb.thresholds.end());
+  return out;
+}
+
+double group_codebook_mse(TqCodebook kind, int bits, int m) {
+  if (bits == 0) return 1.0;
+  if (kind == TqCodebook::kSphere && m >= 2 && m <= kSphereExactMaxM) return lloyd_max_sphere(bits, m).mse;
+  return lloyd_max_gaussian(bits).mse;
+}
+
 double uniform_quantizer_gaussian_mse(int bits, double step) {
   check_bits(bits, "uniform_quantizer_gaussian_mse");
   // Positive half: levels (j + 1/2) step for j = 0..n-1, cells [j step, (j+1) step), last open.

@@ -50,7 +50,7 @@ HeadCodec::HeadCodec(const HeadDecision& dec, int head_dim)
         t.latent_offset = off;
         const int m = static_cast<int>(g.dims.size());
         t.rotation = g.rotation == TqRotation::kIdentity ? identity_rotation(m) : haar_rotation(g.rotation_seed, m);
-        ScaledCodebook cb = scaled_codebook(g.bits, m);
+        ScaledCodebook cb = group_codebook(g.codebook, g.bits, m);
         t.centroids = std::move(cb.centroids);
         t.thresholds = std::move(cb.thresholds);
         off += static_cast<uint32_t>(m);

@@ -101,8 +101,10 @@ int64_t alloc_version_for(const AllocFile& a) {
   int64_t v = kAllocOldestVersion;
   for (const auto& h : a.heads) {
     if (h.kind == CodingKind::kMinifloat) v = std::max(v, kAllocMinifloatVersion);
-    for (const auto& g : h.groups)
+    for (const auto& g : h.groups) {
       if (g.rotation != TqRotation::kHaar) v = std::max(v, kAllocGroupRotationVersion);
+      if (g.codebook != TqCodebook::kGaussian) v = std::max(v, kAllocGroupCodebookVersion);
+    }
   }
   if (tq_norm_correction(a)) v = std::max(v, kAllocNormCorrectionVersion);
   return v;
@@ -149,6 +151,8 @@ json alloc_manifest(const AllocFile& a) {
       for (const auto& g : h.groups) {
         json jg = {{"bits", g.bits}, {"dims", g.dims}, {"rotation_seed", g.rotation_seed}};
         if (version >= kAllocGroupRotationVersion) jg["rotation"] = rotation_name(g.rotation);
+        // Only when not the default: files without exact codebooks keep their bytes.
+        if (g.codebook == TqCodebook::kSphere) jg["codebook"] = "exact";
         gs.push_back(std::move(jg));
       }
       j["groups"] = gs;
@@ -301,6 +305,20 @@ AllocFile read_alloc(const std::string& path) {
                               ", the file is version " + std::to_string(opened.header.version));
             if (r == "identity") tg.rotation = TqRotation::kIdentity;
             else if (r != "haar") throw Error(path, where + ".groups[].rotation", "unknown rotation '" + r + "' (valid: haar, identity)");
+          }
+          if (g.contains("codebook")) {  // version 2; absent = gaussian
+            const std::string cbk = g["codebook"].is_string() ? g["codebook"].get<std::string>() : g["codebook"].dump();
+            if (opened.header.version < kAllocGroupCodebookVersion)
+              throw Error(path, where + ".groups[].codebook",
+                          "needs allocation version >= " + std::to_string(kAllocGroupCodebookVersion) +
+                              ", the file is version " + std::to_string(opened.header.version));
+            if (cbk == "exact") tg.codebook = TqCodebook::kSphere;
+            else if (cbk != "gaussian")
+              throw Error(path, where + ".groups[].codebook", "unknown codebook '" + cbk + "' (valid: gaussian, exact)");
+            if (tg.codebook == TqCodebook::kSphere && (tg.dims.size() < 2 || tg.dims.size() > size_t(kTqSphereMaxM)))
+              throw Error(path, where + ".groups[].codebook",
+                          "exact needs 2.." + std::to_string(kTqSphereMaxM) + " dims, the group has " +
+                              std::to_string(tg.dims.size()));
           }
           if (tg.bits < 1 || tg.bits > 8) throw Error(path, where + ".groups[].bits", "out of 1..8: " + std::to_string(tg.bits));
           for (int x : tg.dims) {

@@ -230,7 +230,9 @@ alloc::Allocation allocate_side(const CalibFile& c, Side side, Method method, do
     bo.greedy.b_min = o.b_min;
     bo.greedy.b_max = o.b_max;
     bo.seed = o.seed;
-    if (o.exact_distortion)
+    if (o.exact_distortion && o.codebook == TqCodebook::kSphere)
+      bo.group_distortion = [](int b, int m) { return codec::group_codebook_mse(TqCodebook::kSphere, b, m); };
+    else if (o.exact_distortion)
       for (int b = 0; b <= o.b_max; ++b)  // table indexed by width; b = 0 stores nothing: MSE 1
         bo.greedy.distortion_table.push_back(b == 0 ? 1.0 : codec::lloyd_max_gaussian(b).mse);
     return alloc::allocate_block_gtq(in, bpd, bo);
@@ -319,6 +321,14 @@ AllocFile run_allocate(const AllocateOptions& o) {
   if (o.rotate_below < 0 || o.rotate_below > 9)
     throw Error("", "--rotate-below", "must be in 0..9 (bits; 0: rotate every group), got " + std::to_string(o.rotate_below));
   if (!(o.bpd > 0) || !std::isfinite(o.bpd)) throw Error("", "--bpd", "must be > 0, got " + std::to_string(o.bpd));
+  if (o.codebook != TqCodebook::kGaussian && o.codebook != TqCodebook::kSphere)
+    throw Error("", "--codebook", "unknown value " + std::to_string(static_cast<uint32_t>(o.codebook)));
+  if (o.codebook == TqCodebook::kSphere) {
+    auto tq = [](Method m) { return m == Method::kUniform || m == Method::kBlockGtq; };
+    if (o.joint_kv || (!tq(o.method) && !tq(o.v_method)))
+      throw Error("", "--codebook",
+                  "exact applies to TQ groups (--method / --v-method uniform or block-gtq); this allocation has none");
+  }
   const bool layer_precision = o.method == Method::kLayerPrecision;
   if (layer_precision != (o.v_method == Method::kLayerPrecision))
     throw Error("", layer_precision ? "--v-method" : "--method",
@@ -376,6 +386,7 @@ AllocFile run_allocate(const AllocateOptions& o) {
               {"measure_tokens", o.measure_tokens},
               {"joint_kv", o.joint_kv}};
   if (layer_precision) a.params["formats"] = o.formats;
+  if (o.codebook == TqCodebook::kSphere) a.params["codebook"] = "exact";  // absent = gaussian (bytes unchanged)
 
   if (o.joint_kv) {
     alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
@@ -409,8 +420,11 @@ AllocFile run_allocate(const AllocateOptions& o) {
   for (auto& h : a.heads) {
     if (h.kind != CodingKind::kTqGroups) continue;
     h.norm_correction = o.norm_correction;  // one codec setting per file (the file records it once)
-    for (auto& g : h.groups)
+    for (auto& g : h.groups) {
       if (g.bits < o.rotate_below) g.rotation = TqRotation::kIdentity;
+      const int m = static_cast<int>(g.dims.size());
+      if (o.codebook == TqCodebook::kSphere && m >= 2 && m <= kTqSphereMaxM) g.codebook = TqCodebook::kSphere;
+    }
   }
   a.k_bpd_effective = side_effective_bpd(a.heads, Side::kK, sh.head_dim);
   a.v_bpd_effective = side_effective_bpd(a.heads, Side::kV, sh.head_dim);

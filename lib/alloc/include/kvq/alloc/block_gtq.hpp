@@ -3,6 +3,7 @@
 // blocks minimising J(b) = sum_i s_i D(b_i) under sum_i b_i = floor(n_b * bits_per_dim), with
 // D(b) = 4^-b (TQ-MSE error law) or a caller-supplied per-width table.
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "kvq/alloc/common.hpp"
@@ -57,8 +58,24 @@ struct BlockGtqInput {
   std::vector<std::vector<double>> energies;
 };
 
+// D(bits, m): the distortion of one coordinate group of `bits` and m coordinates, in the units of
+// the distortion table (e.g. the coded codebook's per-vector MSE E||u - Q(u)||^2 at m).
+using GroupDistortion = std::function<double(int bits, int m)>;
+
 struct BlockGtqOptions {
   GreedyOptions greedy;
+  // When set, replaces greedy.distortion_table: the distortion of a width depends on the size of
+  // the group that width forms (all blocks of one width are one group, m = 2 x their count), so
+  // each head's table is found by fixed-point iteration on its own allocation:
+  //   T_0(b) = D(b, head_dim);  A_k = greedy(T_k);
+  //   T_{k+1}(b) = D(b, m_b(A_k)), m_b = 2 x (blocks of A_k at width b), or 2 when none (a block
+  //   moved to an empty width is a group of one block);
+  // stopping when A_k = A_{k-1} (the table is its own groups'), when T_k is not strictly
+  // decreasing and convex (the greedy would not be exact) or after max_table_iterations tables.
+  // The head gets, of the A_k computed, the one with the least self-consistent objective
+  // J(A) = sum_i s_i D(b_i, m_{b_i}(A)) (ties: the earliest), and predicted_distortion = J(A).
+  GroupDistortion group_distortion;
+  int max_table_iterations = 8;
   uint64_t seed = 42;  // base of derive_seed(); group rotation seed tag = the group's width
   Overhead overhead;
 };

@@ -7,6 +7,8 @@
 //    Hadamard path), same source.
 #include <vector>
 
+#include "kvq/format/decision.hpp"
+
 namespace kvq::codec {
 
 struct LloydMaxCodebook {
@@ -30,9 +32,11 @@ const LloydMaxCodebook& lloyd_max_gaussian(int bits);
 // lloyd_max_gaussian(bits).mse. bits in [1, 8], m in [2, kSphereExactMaxM]; cached per (m, bits).
 // Computed for m <= kSphereExactMaxM only: at m = 64 the centroids (times sqrt(m)) are within 4%
 // of the Gaussian table's and the MSE up to 4% lower (b = 4); agreement to 1e-6 would need
-// m ~ 10^4, above every head size, and the closed forms cost O(m) per cell. Not yet wired into
-// HeadCodec or the allocation file (issue 14, --codebook): the Gaussian table is what is coded.
+// m ~ 10^4, above every head size, and the closed forms cost O(m) per cell. Coded by TQ groups
+// whose TqGroup::codebook is TqCodebook::kSphere (kvq-allocate --codebook exact), see
+// group_codebook below.
 constexpr int kSphereExactMaxM = 64;
+static_assert(kSphereExactMaxM == kTqSphereMaxM, "the decision's sphere-codebook limit is this one");
 const LloydMaxCodebook& lloyd_max_sphere(int bits, int m);
 
 // Centroids and thresholds for N(0, 1/m): the table above times 1/sqrt(m), as float.
@@ -41,6 +45,19 @@ struct ScaledCodebook {
   std::vector<float> thresholds;
 };
 ScaledCodebook scaled_codebook(int bits, int m);
+
+// The table a TQ group of m coordinates codes its unit vector u = Pi x / rho~ with:
+//  kGaussian  scaled_codebook(bits, m) (N(0, 1/m), every m >= 1);
+//  kSphere    lloyd_max_sphere(bits, m) as float (already in unit-vector units: no 1/sqrt(m)),
+//             2 <= m <= kSphereExactMaxM, else kvq::Error (there is no silent fallback: the
+//             decision says which table decodes; kvq-allocate records kGaussian above that m).
+ScaledCodebook group_codebook(TqCodebook kind, int bits, int m);
+
+// The per-vector distortion E||u - Q(u)||^2 an allocator charges a group of width `bits` and m
+// coordinates (bits 0: 1, nothing stored): kGaussian lloyd_max_gaussian(bits).mse (the m-free
+// large-m value, what --exact-distortion always used); kSphere lloyd_max_sphere(bits, m).mse for
+// 2 <= m <= kSphereExactMaxM and the Gaussian value above (where the group is coded Gaussian).
+double group_codebook_mse(TqCodebook kind, int bits, int m);
 
 // Index of the nearest centroid given ascending thresholds (ties go to the upper cell).
 inline int nearest_index(const float* thresholds, int n_thresholds, float v) {

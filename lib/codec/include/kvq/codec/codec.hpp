@@ -6,7 +6,10 @@
 //  kTqGroups        per group g (dims D_g, m = |D_g|, b bits, seed s_g): rho = ||x_D|| as fp16;
 //                   Pi_g the Haar matrix of s_g, or the identity (TqGroup::rotation);
 //                   u = Pi_g x_D / rho~ (rho~ = the stored fp16 value); code_i = nearest Lloyd-Max
-//                   centroid of N(0, 1/m); decode x_D = rho~ Pi_g^T c, or with the decision's
+//                   centroid of N(0, 1/m) (TqGroup::codebook kGaussian), or with kSphere of the
+//                   exact law of a uniformly random unit vector's coordinate in R^m (codebook.hpp
+//                   group_codebook; 2 <= m <= 64, the decision is refused otherwise; an identity
+//                   group takes the recorded table too); decode x_D = rho~ Pi_g^T c, or with the decision's
 //                   norm_correction x_D = s Pi_g^T c, s = float(rho~ / ||c||) (||c|| summed in
 //                   double over the group's centroids); the latent is then s * c.
 //  kLowRankHadamard y = U_r^T (x - mu); z = H P D y (hadamard.hpp); rho = ||z|| as fp16;
@@ -77,7 +80,7 @@ class HeadCodec {
     int bits = 0;
     uint32_t latent_offset = 0;        // first code/latent index of the group
     std::shared_ptr<const Rotation> rotation;
-    std::vector<float> centroids;      // 2^bits, for N(0, 1/m)
+    std::vector<float> centroids;      // 2^bits: N(0, 1/m) or the sphere law (group_codebook)
     std::vector<float> thresholds;     // 2^bits - 1
   };
   const std::vector<TqGroupTables>& tq_groups() const { return groups_; }

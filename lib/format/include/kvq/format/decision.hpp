@@ -92,15 +92,28 @@ enum class TqRotation : uint32_t {
                   // reference codes groups below 3 bits)
 };
 
+// A TQ group's scalar codebook. Written to files as "gaussian" / "exact" (allocation version 2,
+// groups[].codebook, written only for kSphere; absent = gaussian): never rename.
+enum class TqCodebook : uint32_t {
+  kGaussian = 0,  // Lloyd-Max for N(0, 1/m) (the normal approximation of a coordinate's law)
+  kSphere = 1,    // Lloyd-Max for the exact law of one coordinate of a uniformly random unit vector
+                  // in R^m, density ~ (1 - x^2)^((m-3)/2) (kvq-allocate --codebook exact);
+                  // only for 2 <= m <= kTqSphereMaxM (a larger group is refused, never silently
+                  // coded with another table: kvq-allocate records gaussian for those groups)
+};
+// Largest group size with a kSphere codebook (= kvq::codec::kSphereExactMaxM, static_assert there).
+inline constexpr int kTqSphereMaxM = 64;
+
 // One TQ-MSE group: the head coordinates it covers (for Block-GTQ K: the post-RoPE coordinates of
-// its RoPE blocks, block order, each block's pair in the model's pairing), its width and its
-// rotation (the seed of its Haar rotation, kept even when the group is coded unrotated).
-// Codebook id = bits (Lloyd-Max for N(0, 1/m), m = dims.size()).
+// its RoPE blocks, block order, each block's pair in the model's pairing), its width, its
+// rotation (the seed of its Haar rotation, kept even when the group is coded unrotated) and its
+// codebook kind. Codebook id = (codebook, bits, m = dims.size()), computed, never stored.
 struct TqGroup {
   int bits = 0;
   std::vector<int> dims;
   uint64_t rotation_seed = 0;
   TqRotation rotation = TqRotation::kHaar;
+  TqCodebook codebook = TqCodebook::kGaussian;
 };
 
 struct HeadDecision {

@@ -73,7 +73,7 @@ inline PackedLayout make_minifloat_layout(uint32_t side, uint32_t head_dim, Mini
 // The layout of the decision's bytes, checking everything they depend on but not the low-rank
 // basis and mean (which fix what the codes mean, not how many there are). Throws kvq::Error naming
 // the decision (layer, KV head, side) and the field: TQ groups that are not a partition of [0, d)
-// or whose rotation is not haar/identity,
+// or whose rotation is not haar/identity or codebook not gaussian/sphere (sphere: 2..64 dims),
 // widths outside 1..8, more than 32 groups, rank outside [1, d], KIVI group_size outside
 // 1..65536, d outside [1, 4096], a minifloat format that is not FP8/NVFP4 or
 // a minifloat scale that is not finite and > 0.
@@ -106,6 +106,13 @@ inline PackedLayout layout_ignoring_payload(const HeadDecision& dec, int head_di
         if (grp.dims.empty()) bad_decision(dec, f() + ".dims", "is empty");
         if (grp.rotation != TqRotation::kHaar && grp.rotation != TqRotation::kIdentity)
           bad_decision(dec, f() + ".rotation", "unknown value " + std::to_string(static_cast<uint32_t>(grp.rotation)));
+        if (grp.codebook != TqCodebook::kGaussian && grp.codebook != TqCodebook::kSphere)
+          bad_decision(dec, f() + ".codebook", "unknown value " + std::to_string(static_cast<uint32_t>(grp.codebook)));
+        if (grp.codebook == TqCodebook::kSphere &&
+            (grp.dims.size() < 2 || grp.dims.size() > static_cast<size_t>(kTqSphereMaxM)))
+          bad_decision(dec, f() + ".codebook",
+                       "exact (sphere) codebook needs 2.." + std::to_string(kTqSphereMaxM) + " coordinates, the group has " +
+                           std::to_string(grp.dims.size()));
         for (int c : grp.dims) {
           if (c < 0 || c >= head_dim)
             bad_decision(dec, f() + ".dims",

@@ -18,15 +18,19 @@ inline constexpr const char* kAllocFormat = "kvq-allocation";
 //  1: kinds tq-groups, lowrank-hadamard, kivi.
 //  2: adds kind "minifloat" (FP8 / NVFP4 with a static scale) and the manifest's
 //     "norm_correction" (TQ heads decode rho Pi^T c/||c||; absent = false) and each TQ group's
-//     "rotation" (haar / identity; absent = haar). A file is written at the oldest version that
-//     holds its decisions (1 unless it has a minifloat head, TQ heads with norm correction or an
-//     unrotated group, which a version-1 reader would decode wrongly), so kvq builds that read
+//     "rotation" (haar / identity; absent = haar) and "codebook" (exact, written only then; absent =
+//     gaussian). A file is written at the oldest version that
+//     holds its decisions (1 unless it has a minifloat head, TQ heads with norm correction, an
+//     unrotated group or an exact-codebook group, which a version-1 reader would decode wrongly), so kvq builds that read
 //     only version 1 still read every file they can understand and refuse the others by version.
 inline constexpr int64_t kAllocVersion = 2;
 inline constexpr int64_t kAllocOldestVersion = 1;
 inline constexpr int64_t kAllocMinifloatVersion = 2;
 inline constexpr int64_t kAllocNormCorrectionVersion = 2;
 inline constexpr int64_t kAllocGroupRotationVersion = 2;  // tq-groups groups[].rotation (haar / identity)
+// tq-groups groups[].codebook ("exact": the unit-sphere coordinate law, TqCodebook::kSphere;
+// written only then, absent = gaussian, so files without it keep their bytes)
+inline constexpr int64_t kAllocGroupCodebookVersion = 2;
 
 struct AllocFile {
   std::string method;            // K method name, e.g. "block-gtq"

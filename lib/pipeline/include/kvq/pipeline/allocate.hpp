@@ -36,9 +36,19 @@ struct AllocateOptions {
   // TQ groups narrower than this many bits are coded unrotated (TqRotation::kIdentity); 0 or 1:
   // every group rotated (--rotate-below; the Block-GTQ reference uses 3).
   int rotate_below = 0;
+  // TQ groups' scalar codebook (--codebook gaussian|exact): kSphere gives every TQ group of
+  // 2..64 coordinates (kTqSphereMaxM) the Lloyd-Max codebook of the exact unit-sphere coordinate
+  // law at its m, whatever its rotation (the law is exact for a Haar-rotated group and for a lone
+  // RoPE pair whose phase the positions spread; for a wider unrotated group it is a model, as the
+  // Gaussian one is); larger groups stay kGaussian (recorded per group). Needs a TQ method
+  // (uniform or block-gtq) on K or V.
+  TqCodebook codebook = TqCodebook::kGaussian;
   // Block-GTQ
   int b_min = 1, b_max = 8;
-  bool exact_distortion = false;     // Lloyd-Max MSE per width instead of 4^-b
+  // Lloyd-Max MSE per width instead of 4^-b: with the Gaussian codebook lloyd_max_gaussian(b).mse;
+  // with --codebook exact the sphere codebook's MSE at the group's m, found per head by the
+  // fixed point of alloc::BlockGtqOptions::group_distortion.
+  bool exact_distortion = false;
   // KV-COBRA
   int rounds = 5;
   double damping = 0.3;
