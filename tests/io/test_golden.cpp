@@ -24,7 +24,7 @@ TEST(Golden, FilesAreUnchanged) {
     EXPECT_EQ(sha256_file(golden(name)), sha) << name << " was modified: golden files are never rewritten";
     ++n;
   }
-  EXPECT_EQ(n, 6);
+  EXPECT_EQ(n, 7);
 }
 
 TEST(Golden, CalibrationV1) {
@@ -174,4 +174,51 @@ TEST(Golden, AllocationV2) {
   EXPECT_GT(haar, 0);
   // Written again, the file says the same (a v2 reader and writer agree).
   EXPECT_EQ(alloc_manifest(a)["norm_correction"], true);
+}
+
+// Allocation v3 (block-gtq at 3 bpd, --rotate-below 3 --codebook exact, norm correction on; made
+// with the kvq-allocate of allocation version 3, same calibration as v2): every group of 2..64
+// coordinates records the exact (unit-sphere) codebook, which only version 3 holds.
+TEST(Golden, AllocationV3ExactCodebook) {
+  CalibFile c = read_calib(golden("calib-v3.kvqcal.h5"), false);
+  AllocFile a = read_alloc(golden("block-gtq-exact-v3.kvqalloc.h5"));
+  check_alloc_matches(a, "block-gtq-exact-v3", c, "calib-v3");
+  EXPECT_EQ(alloc_version_for(a), 3);
+  EXPECT_EQ(a.method, "block-gtq");
+  EXPECT_EQ(a.params.value("codebook", std::string()), "exact");
+  int exact = 0, identity = 0;
+  for (const auto& h : a.heads) {
+    ASSERT_EQ(h.kind, CodingKind::kTqGroups);
+    EXPECT_TRUE(h.norm_correction);
+    int dims = 0;
+    for (const auto& g : h.groups) {
+      dims += int(g.dims.size());
+      EXPECT_EQ(g.rotation, g.bits < 3 ? TqRotation::kIdentity : TqRotation::kHaar) << g.bits;
+      const bool fits = g.dims.size() >= 2 && g.dims.size() <= 64;
+      EXPECT_EQ(g.codebook, fits ? TqCodebook::kSphere : TqCodebook::kGaussian) << g.dims.size();
+      exact += g.codebook == TqCodebook::kSphere;
+      identity += g.rotation == TqRotation::kIdentity;
+    }
+    EXPECT_EQ(dims, 64);
+    if (h.side != Side::kK) continue;
+    int sum = 0;
+    for (int b : h.block_bits) sum += b;
+    EXPECT_EQ(sum, 32 * 3) << "floor(n_b * 3) block-bits";
+  }
+  EXPECT_GT(exact, 0);
+  EXPECT_GT(identity, 0);
+  // Written again: the manifest names the codebook on exactly the exact groups and says version 3.
+  const auto m = alloc_manifest(a);
+  EXPECT_EQ(m["version"], 3);
+  size_t i = 0;
+  for (const auto& h : a.heads) {
+    for (size_t g = 0; g < h.groups.size(); ++g)
+      EXPECT_EQ(m["heads"][i]["groups"][g].value("codebook", std::string("gaussian")),
+                h.groups[g].codebook == TqCodebook::kSphere ? "exact" : "gaussian");
+    ++i;
+  }
+  // The older goldens name no codebook: version 1 and 2 stay what they were.
+  for (const char* f : {"block-gtq-v1.kvqalloc.h5", "block-gtq-v2.kvqalloc.h5", "cobra-dp-v1.kvqalloc.h5"})
+    for (const auto& h : read_alloc(golden(f)).heads)
+      for (const auto& g : h.groups) EXPECT_EQ(g.codebook, TqCodebook::kGaussian) << f;
 }

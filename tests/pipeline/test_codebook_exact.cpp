@@ -1,6 +1,7 @@
-// kvq-allocate --codebook exact (TqGroup::codebook = kSphere, allocation version 2
+// kvq-allocate --codebook exact (TqGroup::codebook = kSphere, allocation version 3
 // groups[].codebook = "exact"): what the file records, that files without it keep their bytes,
-// the round trip through the reader and writer, version-1 and older version-2 files, bad values
+// the round trip through the reader and writer, version-1 and version-2 files (refused when they
+// name a codebook: a v2 reader would decode the exact tables as Gaussian), bad values
 // (one line naming the file and the field), the flag's refusals, effective bpd unchanged, and
 // kvq-verify's per-layer RoPE-logit MAE gaussian -> exact for uniform and Block-GTQ at K2 / K3 on
 // the demo model and stories260K (printed; asserted only where measured to hold, see below).
@@ -112,7 +113,7 @@ TEST(CodebookExact, FileRecordsItAndOtherFilesKeepTheirBytes) {
   const json md = kvq::alloc_manifest(d), mx = kvq::alloc_manifest(x);
   EXPECT_EQ(md.dump().find("\"codebook\""), std::string::npos);
   EXPECT_EQ(mx["params"]["codebook"], "exact");
-  EXPECT_EQ(mx["version"], 2);
+  EXPECT_EQ(mx["version"], 3);
   ASSERT_EQ(d.heads.size(), x.heads.size());
   size_t n_exact = 0;
   for (size_t i = 0; i < x.heads.size(); ++i) {
@@ -169,12 +170,16 @@ TEST(CodebookExact, OldFilesReadAsGaussianAndBadValuesAreOneLine) {
   };
   const std::vector<Case> cases = {
       {"in_v1", "block-gtq-v1.kvqalloc.h5", 1, [](json& m) { m["heads"][0]["groups"][0]["codebook"] = "exact"; },
-       "manifest.heads[0].groups[].codebook: needs allocation version >= 2, the file is version 1"},
-      {"unknown", "block-gtq-v2.kvqalloc.h5", 2, [](json& m) { m["heads"][0]["groups"][0]["codebook"] = "lattice"; },
+       "manifest.heads[0].groups[].codebook: needs allocation version >= 3, the file is version 1"},
+      {"in_v2", "block-gtq-v2.kvqalloc.h5", 2, [](json& m) { m["heads"][0]["groups"][0]["codebook"] = "exact"; },
+       "manifest.heads[0].groups[].codebook: needs allocation version >= 3, the file is version 2"},
+      {"gaussian_in_v2", "block-gtq-v2.kvqalloc.h5", 2, [](json& m) { m["heads"][0]["groups"][0]["codebook"] = "gaussian"; },
+       "manifest.heads[0].groups[].codebook: needs allocation version >= 3, the file is version 2"},
+      {"unknown", "block-gtq-v2.kvqalloc.h5", 3, [](json& m) { m["heads"][0]["groups"][0]["codebook"] = "lattice"; },
        "manifest.heads[0].groups[].codebook: unknown codebook 'lattice' (valid: gaussian, exact)"},
-      {"not_string", "block-gtq-v2.kvqalloc.h5", 2, [](json& m) { m["heads"][0]["groups"][0]["codebook"] = 1; },
+      {"not_string", "block-gtq-v2.kvqalloc.h5", 3, [](json& m) { m["heads"][0]["groups"][0]["codebook"] = 1; },
        "manifest.heads[0].groups[].codebook: unknown codebook '1' (valid: gaussian, exact)"},
-      {"too_big", "block-gtq-v2.kvqalloc.h5", 2,
+      {"too_big", "block-gtq-v2.kvqalloc.h5", 3,
        [](json& m) {
          m["heads"][0]["groups"][0]["codebook"] = "exact";
          m["heads"][0]["groups"][0]["dims"] = std::vector<int>(65, 0);
@@ -196,11 +201,11 @@ TEST(CodebookExact, OldFilesReadAsGaussianAndBadValuesAreOneLine) {
     EXPECT_NE(err.find(c.expect), std::string::npos) << c.name << ": " << err;
     EXPECT_EQ(err.find('\n'), std::string::npos) << c.name;
   }
-  // An explicit "gaussian" in a version-2 file reads as the default.
+  // An explicit "gaussian" in a version-3 file reads as the default.
   const auto p = temp_path("cbx_explicit_gaussian.kvqalloc.h5");
   fs::remove(p);
   fs::copy_file(gold + "block-gtq-v2.kvqalloc.h5", p);
-  rewrite(p, 2, [](json& m) { m["heads"][0]["groups"][0]["codebook"] = "gaussian"; });
+  rewrite(p, 3, [](json& m) { m["heads"][0]["groups"][0]["codebook"] = "gaussian"; });
   EXPECT_EQ(kvq::read_alloc(p).heads[0].groups[0].codebook, kvq::TqCodebook::kGaussian);
 }
 
@@ -264,7 +269,7 @@ TEST(CodebookExact, UnrotatedGroupsPrinted) {
       const auto haar_only = temp_path("cbx_rb_haar.kvqalloc.h5");
       fs::remove(haar_only);
       fs::copy_file(all, haar_only);
-      rewrite(haar_only, 2, [](json& m) {
+      rewrite(haar_only, 3, [](json& m) {
         for (auto& h : m["heads"])
           if (h.contains("groups"))
             for (auto& gr : h["groups"])

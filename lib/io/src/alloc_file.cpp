@@ -306,7 +306,7 @@ AllocFile read_alloc(const std::string& path) {
             if (r == "identity") tg.rotation = TqRotation::kIdentity;
             else if (r != "haar") throw Error(path, where + ".groups[].rotation", "unknown rotation '" + r + "' (valid: haar, identity)");
           }
-          if (g.contains("codebook")) {  // version 2; absent = gaussian
+          if (g.contains("codebook")) {  // version 3; absent = gaussian
             const std::string cbk = g["codebook"].is_string() ? g["codebook"].get<std::string>() : g["codebook"].dump();
             if (opened.header.version < kAllocGroupCodebookVersion)
               throw Error(path, where + ".groups[].codebook",

@@ -18,19 +18,22 @@ inline constexpr const char* kAllocFormat = "kvq-allocation";
 //  1: kinds tq-groups, lowrank-hadamard, kivi.
 //  2: adds kind "minifloat" (FP8 / NVFP4 with a static scale) and the manifest's
 //     "norm_correction" (TQ heads decode rho Pi^T c/||c||; absent = false) and each TQ group's
-//     "rotation" (haar / identity; absent = haar) and "codebook" (exact, written only then; absent =
-//     gaussian). A file is written at the oldest version that
-//     holds its decisions (1 unless it has a minifloat head, TQ heads with norm correction, an
-//     unrotated group or an exact-codebook group, which a version-1 reader would decode wrongly), so kvq builds that read
-//     only version 1 still read every file they can understand and refuse the others by version.
-inline constexpr int64_t kAllocVersion = 2;
+//     "rotation" (haar / identity; absent = haar).
+//  3: adds each TQ group's "codebook" ("exact": the unit-sphere coordinate law at m, written only
+//     then; absent = gaussian). A version-2 reader would decode an exact group with the Gaussian
+//     table, silently wrong, so such files carry 3 and older readers refuse them by version.
+// A file is written at the oldest version that holds its decisions (1 unless it has a minifloat
+// head, TQ heads with norm correction or an unrotated group: 2; an exact-codebook group: 3), so
+// kvq builds that read only older versions still read every file they can understand and refuse
+// the others by version; files without the newer fields keep their bytes.
+inline constexpr int64_t kAllocVersion = 3;
 inline constexpr int64_t kAllocOldestVersion = 1;
 inline constexpr int64_t kAllocMinifloatVersion = 2;
 inline constexpr int64_t kAllocNormCorrectionVersion = 2;
 inline constexpr int64_t kAllocGroupRotationVersion = 2;  // tq-groups groups[].rotation (haar / identity)
 // tq-groups groups[].codebook ("exact": the unit-sphere coordinate law, TqCodebook::kSphere;
-// written only then, absent = gaussian, so files without it keep their bytes)
-inline constexpr int64_t kAllocGroupCodebookVersion = 2;
+// written only then, absent = gaussian, so files without it keep their bytes); refused in 1 and 2
+inline constexpr int64_t kAllocGroupCodebookVersion = 3;
 
 struct AllocFile {
   std::string method;            // K method name, e.g. "block-gtq"
