@@ -77,6 +77,7 @@ TEST(CaptureStream, EqualsWholeOnShardedBf16Checkpoints) {
   KVQ_REQUIRE_SHARED(kWiki);
   expect_stream_equals_whole(tiny("mistral-swa"), "swa");  // sliding window, two BF16 shards
   expect_stream_equals_whole(tiny("qwen3-moe"), "moe");    // q/k norm, experts, tied embeddings
+  expect_stream_equals_whole(tiny("qwen2"), "qwen2");      // q/k/v projection biases
 }
 
 TEST(CaptureStream, ResumeAfterKillMidLayerIsByteIdentical) {

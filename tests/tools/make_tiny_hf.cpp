@@ -20,9 +20,10 @@ using nlohmann::json;
 namespace hf = kvq::test::hf;
 
 const char* kUsage =
-    "usage: kvq-make-tiny-hf --family llama3|qwen3|qwen3-moe|mixtral|mistral-swa --out DIR [--seed S] [--scale X]\n"
+    "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa --out DIR [--seed S] [--scale X]\n"
     "  Writes a tiny untrained model directory in the Hugging Face layout (test data).\n"
     "  --family  llama3: Llama with rope_scaling llama3 (factor 8, original 64), BOS template;\n"
+    "            qwen2: q/k/v projection biases, Qwen tokenizer (NFC, no BOS);\n"
     "            qwen3: q/k norm, explicit head_dim, tied embeddings, Qwen tokenizer (NFC, no BOS);\n"
     "            qwen3-moe: Qwen3-MoE, 8 experts top-2, norm_topk_prob, layer 1 dense;\n"
     "            mixtral: 4 experts top-2; mistral-swa: Mistral with sliding_window 32\n"
@@ -175,6 +176,10 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
     s.theta = 500000.0;
     s.extra["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
                                {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  } else if (family == "qwen2") {
+    s.family = "qwen2";
+    s.theta = 1e6;
+    s.eps = 1e-6;
   } else if (family == "qwen3") {
     s.family = "qwen3";
     s.head_dim = 32;  // explicit, != hidden / heads
@@ -201,7 +206,7 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
     s.family = "mistral";
     s.sliding_window = 32;
   } else {
-    throw std::invalid_argument("--family: unknown '" + family + "' (llama3, qwen3, qwen3-moe, mixtral, mistral-swa)");
+    throw std::invalid_argument("--family: unknown '" + family + "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa)");
   }
   return s;
 }
@@ -237,7 +242,7 @@ int run(int argc, char** argv) {
   }
   if (family.empty() || out.empty()) throw std::invalid_argument("--family and --out are required");
   hf::Spec s = spec_for(family, seed, scale);
-  const bool qwen = s.family == "qwen3" || s.family == "qwen3_moe";
+  const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe";
   const Tok tok = make_tokenizer(qwen);
   s.vocab = tok.vocab_size;
   s.bos_id = tok.bos;

@@ -20,7 +20,7 @@ std::string make(const std::string& family, const std::string& out, int seed) {
 int run(const std::string& cmd) { return WEXITSTATUS(std::system(cmd.c_str())); }
 
 TEST(MakeTinyHf, EveryFamilyLoadsAndForwards) {
-  for (const char* fam : {"llama3", "qwen3", "qwen3-moe", "mixtral", "mistral-swa"}) {
+  for (const char* fam : {"llama3", "qwen2", "qwen3", "qwen3-moe", "mixtral", "mistral-swa"}) {
     SCOPED_TRACE(fam);
     test::TempDir dir;
     const std::string out = dir / "m";
@@ -54,6 +54,10 @@ TEST(MakeTinyHf, EveryFamilyLoadsAndForwards) {
     }
     EXPECT_TRUE(at::isfinite(logits).all().item<bool>());
     EXPECT_EQ(c.vocab_size, int(n_tok));
+    if (f == "qwen2") {
+      EXPECT_TRUE(c.qkv_bias);
+      EXPECT_FALSE(c.qk_norm);
+    }
     if (f == "qwen3") {
       EXPECT_TRUE(c.qk_norm);
       EXPECT_TRUE(c.tie_word_embeddings);
