@@ -27,9 +27,15 @@ int main(int argc, char** argv) {
   app.add_option("--v-bpd", o.v_bpd, "V budget in bits per dimension (default: --bpd, rounded up for uniform)");
   kvq::cli::add_out(app, o.out, "output allocation file (.kvqalloc.h5), written atomically");
   app.add_option("--manifest", o.manifest_json, "also write the JSON manifest (schemas/allocation-manifest.schema.json)");
+  std::string norm_correction = "on";
+  auto* nc_opt =
+      app.add_option("--norm-correction", norm_correction,
+                     "TQ heads decode rho * Pi^T c/||c|| (on), rho * Pi^T c (off: allocation version 1's codec), or "
+                     "auto: per (layer, KV head, side) whichever codes the calibration reservoir with the lower "
+                     "error (K: mean |q.k - q.k^| over reservoir query/key pairs, post-RoPE; V: MSE)")
+          ->default_val(norm_correction)->check(CLI::IsMember({"on", "off", "auto"}));
   bool no_norm_correction = false;
-  app.add_flag("--no-norm-correction", no_norm_correction,
-               "TQ groups decode rho * Pi^T c (allocation version 1's codec) instead of rho * Pi^T c/||c||");
+  app.add_flag("--no-norm-correction", no_norm_correction, "same as --norm-correction off")->excludes(nc_opt);
   app.add_option("--rotate-below", o.rotate_below,
                  "TQ groups narrower than W bits are coded without rotation (0: rotate all; the Block-GTQ reference: 3)")
       ->default_val(o.rotate_below);
@@ -64,7 +70,7 @@ int main(int argc, char** argv) {
   c->add_option("--q-constant", o.q_constant, "c in the distortion model q(b) = c 2^-2b")->default_val(o.q_constant);
   c->add_option("--cobra-b-min", o.cobra_b_min, "smallest bits per kept coordinate")->default_val(o.cobra_b_min);
   c->add_option("--cobra-b-max", o.cobra_b_max, "largest bits per kept coordinate")->default_val(o.cobra_b_max);
-  c->add_option("--measure-tokens", o.measure_tokens, "reservoir rows cobra-measured codes per candidate")
+  c->add_option("--measure-tokens", o.measure_tokens, "reservoir rows cobra-measured codes per candidate, and that --norm-correction auto codes per head")
       ->default_val(o.measure_tokens)->check(CLI::Range(1, 1 << 24));
   c->add_flag("--joint-kv", o.joint_kv, "split one budget (--bpd per dim of K and V) between K and V exactly");
   auto* lp = app.add_option_group("layer-precision");
@@ -75,7 +81,10 @@ int main(int argc, char** argv) {
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {
-    o.norm_correction = !no_norm_correction;
+    o.norm_correction = no_norm_correction        ? kvq::NormCorrectionMode::kOff
+                        : norm_correction == "on"  ? kvq::NormCorrectionMode::kOn
+                        : norm_correction == "off" ? kvq::NormCorrectionMode::kOff
+                                                   : kvq::NormCorrectionMode::kAuto;
     o.codebook = codebook == "exact" ? kvq::TqCodebook::kSphere : kvq::TqCodebook::kGaussian;
     o.method = kvq::allocation_method_from_flag("--method", method, kvq::Side::kK);
     // layer-precision decides K and V of a layer together: --v-method follows unless given.

@@ -200,6 +200,16 @@ TEST(KernelEmulation, FusedAttentionMatchesCpuReference) {
       {"tq_nc_pre_rope", 32, 4, 2, 77, 3,
        [](int) { HeadDecision x = t::norm_corrected(t::tq_uniform(32, 2)); x.post_rope = false; return x; },
        [](int) { return t::norm_corrected(t::tq_uniform(32, 1, 9, Side::kV)); }, true, false},
+      // Per-head norm correction (kvq-allocate --norm-correction auto): one KV head on, the next
+      // off, on each side the other way round; the DevHead of each head carries its own flag.
+      {"tq_nc_mixed_per_head_latent", 64, 8, 4, 150, 4,
+       [](int h) { HeadDecision x = t::tq_blocks(64, {2, 3, 4}); x.norm_correction = h % 2 == 0; return x; },
+       [](int h) { HeadDecision x = t::tq_uniform(64, 2, 9 + h, Side::kV); x.norm_correction = h % 2 == 1; return x; },
+       false, false},
+      {"tq_nc_mixed_per_head_pre_rope", 32, 4, 2, 77, 3,
+       [](int h) { HeadDecision x = t::tq_uniform(32, 1); x.post_rope = false; x.norm_correction = h == 1; return x; },
+       [](int h) { HeadDecision x = t::tq_uniform(32, 3, 9, Side::kV); x.norm_correction = h == 0; return x; }, true,
+       false},
       {"window_wider_than_cache", 16, 2, 1, 33, 1, [](int) { return t::kivi(Side::kK, 3); },
        [](int) { return t::kivi(Side::kV, 2); }, false, false, false, 500},
   };

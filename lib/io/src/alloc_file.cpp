@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/io/h5.hpp"
@@ -82,15 +83,15 @@ static MinifloatFormat minifloat_from(const std::string& file, const std::string
   throw Error(file, where + ".format", "unknown minifloat format '" + s + "' (valid: fp8, nvfp4)");
 }
 
-// The allocation's one TQ setting: every TQ head must carry the same (the manifest stores it once).
-static bool tq_norm_correction(const AllocFile& a) {
+// The allocation's TQ norm-correction setting: nullopt when its TQ heads differ (kvq-allocate
+// --norm-correction auto decides per head: version 3, recorded per head), else the one value
+// (false without TQ heads), recorded once in the manifest.
+static std::optional<bool> tq_norm_correction(const AllocFile& a) {
   const HeadDecision* first = nullptr;
   for (const auto& h : a.heads) {
     if (h.kind != CodingKind::kTqGroups) continue;
     if (!first) first = &h;
-    if (h.norm_correction != first->norm_correction)
-      throw Error("", "heads[].norm_correction",
-                  decision_name(h) + " differs from " + decision_name(*first) + " (one value per allocation)");
+    if (h.norm_correction != first->norm_correction) return std::nullopt;
   }
   return first && first->norm_correction;
 }
@@ -106,7 +107,9 @@ int64_t alloc_version_for(const AllocFile& a) {
       if (g.codebook != TqCodebook::kGaussian) v = std::max(v, kAllocGroupCodebookVersion);
     }
   }
-  if (tq_norm_correction(a)) v = std::max(v, kAllocNormCorrectionVersion);
+  const std::optional<bool> nc = tq_norm_correction(a);
+  if (!nc) v = std::max(v, kAllocHeadNormCorrectionVersion);
+  else if (*nc) v = std::max(v, kAllocNormCorrectionVersion);
   return v;
 }
 
@@ -115,7 +118,9 @@ json alloc_manifest(const AllocFile& a) {
   m["format"] = kAllocFormat;
   const int64_t version = alloc_version_for(a);
   m["version"] = version;
-  if (version >= kAllocNormCorrectionVersion) m["norm_correction"] = tq_norm_correction(a);
+  const std::optional<bool> nc = tq_norm_correction(a);
+  // One value: the manifest's (version >= 2). Per head (version 3): each TQ head's own field.
+  if (version >= kAllocNormCorrectionVersion && nc) m["norm_correction"] = *nc;
   m["method"] = a.method;
   m["v_method"] = a.v_method;
   m["params"] = a.params.is_null() ? json::object() : a.params;
@@ -157,6 +162,7 @@ json alloc_manifest(const AllocFile& a) {
       }
       j["groups"] = gs;
       if (!h.block_bits.empty()) j["block_bits"] = h.block_bits;
+      if (!nc) j["norm_correction"] = h.norm_correction;
     } else if (h.kind == CodingKind::kLowRankHadamard) {
       j["rank"] = h.rank;
       j["bits"] = h.bits;
@@ -329,6 +335,15 @@ AllocFile read_alloc(const std::string& path) {
         }
         if (j.contains("block_bits")) h.block_bits = int_array(path, j, "block_bits");
         h.norm_correction = norm_correction;
+        if (j.contains("norm_correction")) {  // version 3: per head, overrides the manifest's
+          if (opened.header.version < kAllocHeadNormCorrectionVersion)
+            throw Error(path, where + ".norm_correction",
+                        "needs allocation version >= " + std::to_string(kAllocHeadNormCorrectionVersion) +
+                            ", the file is version " + std::to_string(opened.header.version));
+          if (!j["norm_correction"].is_boolean())
+            throw Error(path, where + ".norm_correction", "must be true or false, found " + j["norm_correction"].dump());
+          h.norm_correction = j["norm_correction"].get<bool>();
+        }
       } else if (h.kind == CodingKind::kLowRankHadamard) {
         h.rank = int_field<int>(path, j, "rank");
         h.bits = int_field<int>(path, j, "bits");

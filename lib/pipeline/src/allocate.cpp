@@ -209,6 +209,17 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
   }
 }
 
+codec::RopeSpec calib_rope(const CalibFile& c) {
+  codec::RopeSpec rope;
+  rope.enabled = true;
+  rope.theta = c.prov.rope_theta;
+  rope.rotary_dim = c.prov.rotary_dim;
+  rope.pairing = c.prov.pairing;
+  rope.inv_freq = c.prov.rope_inv_freq;
+  rope.attention_factor = c.prov.rope_attention_factor;
+  return rope;
+}
+
 alloc::Allocation allocate_side(const CalibFile& c, Side side, Method method, double bpd, const AllocateOptions& o) {
   const auto sh = c.shape();
   alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
@@ -314,6 +325,64 @@ std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag
   return out;
 }
 
+NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecision& dec, int measure_tokens) {
+  KVQ_ASSERT(dec.kind == CodingKind::kTqGroups);
+  const auto sh = c.shape();
+  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads, NQ = c.prov.n_heads;
+  const int G = NQ / H;
+  const int64_t n = std::min<int64_t>(c.reservoir.size(), measure_tokens);
+  KVQ_ASSERT(n >= 1);
+  const int64_t nq = std::min<int64_t>(n, kNormCorrectionQueries);
+  const codec::RopeSpec rope = calib_rope(c);
+  const bool k_side = dec.side == Side::kK;
+  const auto& src = k_side ? c.reservoir.k : c.reservoir.v;
+  const size_t l = size_t(dec.layer), h = size_t(dec.kv_head);
+  std::vector<float> x(size_t(n) * size_t(d));
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = x.data() + size_t(t) * size_t(d);
+    std::copy_n(src.data() + ((size_t(t) * size_t(L) + l) * size_t(H) + h) * size_t(d), d, row);
+    if (dec.post_rope) codec::reference_apply_rope(row, d, c.reservoir.source[size_t(2 * t + 1)], rope);
+  }
+  // Queries (K only): the group's query heads, rotated at their own positions.
+  std::vector<double> q;
+  if (k_side) {
+    q.resize(size_t(nq) * size_t(G) * size_t(d));
+    std::vector<float> row(static_cast<size_t>(d), 0.f);
+    for (int64_t t = 0; t < nq; ++t)
+      for (int j = 0; j < G; ++j) {
+        const size_t qh = h * size_t(G) + size_t(j);
+        std::copy_n(c.reservoir.q.data() + ((size_t(t) * size_t(L) + l) * size_t(NQ) + qh) * size_t(d), d, row.data());
+        codec::reference_apply_rope(row.data(), d, c.reservoir.source[size_t(2 * t + 1)], rope);
+        std::copy(row.begin(), row.end(), q.begin() + std::ptrdiff_t((size_t(t) * size_t(G) + size_t(j)) * size_t(d)));
+      }
+  }
+  NormCorrectionChoice out;
+  std::vector<float> y(x.size());
+  std::vector<double> e(static_cast<size_t>(d), 0.0);
+  for (int on = 0; on < 2; ++on) {
+    HeadDecision dd = dec;
+    dd.norm_correction = on == 1;
+    codec::HeadCodec(dd, d).round_trip(x.data(), int(n), y.data());
+    double acc = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      for (int i = 0; i < d; ++i) e[size_t(i)] = double(x[size_t(s) * size_t(d) + size_t(i)]) - y[size_t(s) * size_t(d) + size_t(i)];
+      if (!k_side) {
+        for (int i = 0; i < d; ++i) acc += e[size_t(i)] * e[size_t(i)];
+        continue;
+      }
+      for (size_t r = 0; r < size_t(nq) * size_t(G); ++r) {
+        const double* qr = q.data() + r * size_t(d);
+        double dot = 0;
+        for (int i = 0; i < d; ++i) dot += qr[i] * e[size_t(i)];
+        acc += std::fabs(dot);
+      }
+    }
+    out.err[on] = k_side ? acc / (double(n) * double(nq) * double(G)) : acc / double(n);
+  }
+  out.on = out.err[1] < out.err[0];
+  return out;
+}
+
 AllocFile run_allocate(const AllocateOptions& o) {
   if (o.out.empty()) throw Error("", "--out", "an output path is required");
   check_method("--method", o.method, Side::kK);
@@ -344,8 +413,8 @@ AllocFile run_allocate(const AllocateOptions& o) {
   double v_bpd = o.v_bpd > 0 ? o.v_bpd : (o.v_method == Method::kUniform ? std::ceil(o.bpd) : o.bpd);
   if (!layer_precision && v_bpd > o.b_max) throw Error("", "--v-bpd", std::to_string(v_bpd) + " is above b_max " + std::to_string(o.b_max));
 
-  const bool needs_samples =
-      o.method == Method::kCobraMeasured || o.v_method == Method::kCobraMeasured || layer_precision;
+  const bool needs_samples = o.method == Method::kCobraMeasured || o.v_method == Method::kCobraMeasured ||
+                             layer_precision || o.norm_correction == NormCorrectionMode::kAuto;
   CalibFile c = read_calib(o.calib, needs_samples);
   if (!c.complete())
     throw Error(o.calib, "/windows@windows_done",
@@ -370,7 +439,9 @@ AllocFile run_allocate(const AllocateOptions& o) {
               {"b_min", o.b_min},
               {"b_max", o.b_max},
               {"exact_distortion", o.exact_distortion},
-              {"norm_correction", o.norm_correction},
+              {"norm_correction", o.norm_correction == NormCorrectionMode::kAuto
+                                      ? json("auto")
+                                      : json(o.norm_correction == NormCorrectionMode::kOn)},
               {"rotate_below", o.rotate_below},
               {"rounds", o.rounds},
               {"damping", o.damping},
@@ -417,14 +488,37 @@ AllocFile run_allocate(const AllocateOptions& o) {
     a.k_distortion_before = k.summary.distortion_before;
     a.v_distortion_before = v.summary.distortion_before;
   }
+  const bool nc_auto = o.norm_correction == NormCorrectionMode::kAuto;
+  const bool nc_measured = nc_auto && c.reservoir.size() > 0;
+  if (nc_auto && !nc_measured)
+    spdlog::warn("{}: no reservoir rows: --norm-correction auto falls back to on for every TQ head", o.calib);
+  json nc_table = json::array();
   for (auto& h : a.heads) {
     if (h.kind != CodingKind::kTqGroups) continue;
-    h.norm_correction = o.norm_correction;  // one codec setting per file (the file records it once)
     for (auto& g : h.groups) {
       if (g.bits < o.rotate_below) g.rotation = TqRotation::kIdentity;
       const int m = static_cast<int>(g.dims.size());
       if (o.codebook == TqCodebook::kSphere && m >= 2 && m <= kTqSphereMaxM) g.codebook = TqCodebook::kSphere;
     }
+    h.norm_correction = o.norm_correction != NormCorrectionMode::kOff;
+    if (nc_measured) {  // after the groups' rotation and codebook: measured as it will be coded
+      const NormCorrectionChoice ch = choose_norm_correction(c, h, o.measure_tokens);
+      h.norm_correction = ch.on;
+      nc_table.push_back({{"layer", h.layer}, {"kv_head", h.kv_head}, {"side", h.side == Side::kK ? "K" : "V"},
+                          {"err_off", ch.err[0]}, {"err_on", ch.err[1]}, {"on", ch.on}});
+    }
+  }
+  if (nc_measured) {
+    int n_on = 0;
+    for (const auto& e : nc_table) n_on += e["on"].get<bool>();
+    a.summary["norm_correction_auto"] = {
+        {"rows", std::min<int64_t>(c.reservoir.size(), o.measure_tokens)},
+        {"queries", std::min<int64_t>(std::min<int64_t>(c.reservoir.size(), o.measure_tokens), kNormCorrectionQueries)},
+        {"k_error", "mean |q.k - q.k^| over query heads x reservoir (query, key) pairs, post-RoPE"},
+        {"v_error", "mean squared reconstruction error per row"},
+        {"heads_on", n_on},
+        {"heads", nc_table}};
+    spdlog::info("--norm-correction auto: on for {} of {} TQ heads", n_on, nc_table.size());
   }
   a.k_bpd_effective = side_effective_bpd(a.heads, Side::kK, sh.head_dim);
   a.v_bpd_effective = side_effective_bpd(a.heads, Side::kV, sh.head_dim);

@@ -14,6 +14,7 @@
 #include "kvq/codec/codec.hpp"
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/io/alloc_file.hpp"
+#include "kvq/pipeline/allocate.hpp"
 #include "kvq/util/error.hpp"
 #if KVQ_HAVE_CUDA
 #include "kvq/cuda/cuda.hpp"
@@ -279,6 +280,19 @@ VerifyReport run_verify(const VerifyOptions& o) {
   r.alloc.v_bpd_effective = alloc_v_eff;
   auto base = alloc::baseline_heads(o.baseline, shape, kb, vb, alloc::tq_norm_correction(a.heads), o.alloc,
                                     "pass --baseline-k-bpd / --baseline-v-bpd");
+  // An allocation whose TQ heads differ in norm correction was made by --norm-correction auto:
+  // the baseline's TQ heads decide the same way (the same reservoir measurement), not by the
+  // allocation's first head.
+  bool mixed_nc = false;
+  for (const auto& h : a.heads)
+    if (h.kind == CodingKind::kTqGroups && h.norm_correction != alloc::tq_norm_correction(a.heads)) mixed_nc = true;
+  if (mixed_nc && c.reservoir.size() > 0) {
+    const int rows = a.params.is_object() && a.params.contains("measure_tokens") && a.params["measure_tokens"].is_number_integer()
+                         ? a.params["measure_tokens"].get<int>()
+                         : 1024;
+    for (auto& h : base)
+      if (h.kind == CodingKind::kTqGroups) h.norm_correction = choose_norm_correction(c, h, std::max(1, rows)).on;
+  }
   r.baseline = evaluate(c, base, o.baseline, nullptr);
   r.baseline.k_bpd_nominal = kb;
   r.baseline.v_bpd_nominal = vb;

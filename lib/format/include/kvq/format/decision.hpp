@@ -129,7 +129,9 @@ struct HeadDecision {
   // group D): Lloyd-Max centroids shrink a unit vector (E||c||^2 = 1 - MSE), so without it every
   // decoded vector is biased towards zero. Codes are the same either way. false = allocation
   // format version 1's decoding (and the default here, so a hand-built decision decodes as
-  // before); kvq-allocate sets it on unless --no-norm-correction. One value per allocation file.
+  // before); kvq-allocate's --norm-correction on|off|auto sets it (auto, the default: per head,
+  // from the reservoir). Per decision: every decoder takes it per head (allocation files store
+  // one value, or, version 3, one per TQ head when they differ).
   bool norm_correction = false;
   std::vector<int> block_bits;  // per RoPE block, for reporting (Block-GTQ K); empty otherwise
 

@@ -20,10 +20,13 @@ inline constexpr const char* kAllocFormat = "kvq-allocation";
 //     "norm_correction" (TQ heads decode rho Pi^T c/||c||; absent = false) and each TQ group's
 //     "rotation" (haar / identity; absent = haar).
 //  3: adds each TQ group's "codebook" ("exact": the unit-sphere coordinate law at m, written only
-//     then; absent = gaussian). A version-2 reader would decode an exact group with the Gaussian
-//     table, silently wrong, so such files carry 3 and older readers refuse them by version.
+//     then; absent = gaussian) and each TQ head's "norm_correction" (written, on every TQ head and
+//     instead of the manifest's, only when the TQ heads differ: kvq-allocate --norm-correction
+//     auto). A version-2 reader would decode an exact group with the Gaussian table, or every
+//     head with one setting, silently wrong, so such files carry 3 and older readers refuse them.
 // A file is written at the oldest version that holds its decisions (1 unless it has a minifloat
-// head, TQ heads with norm correction or an unrotated group: 2; an exact-codebook group: 3), so
+// head, TQ heads with norm correction or an unrotated group: 2; an exact-codebook group or TQ heads
+// that differ in norm correction: 3), so
 // kvq builds that read only older versions still read every file they can understand and refuse
 // the others by version; files without the newer fields keep their bytes.
 inline constexpr int64_t kAllocVersion = 3;
@@ -34,6 +37,8 @@ inline constexpr int64_t kAllocGroupRotationVersion = 2;  // tq-groups groups[].
 // tq-groups groups[].codebook ("exact": the unit-sphere coordinate law, TqCodebook::kSphere;
 // written only then, absent = gaussian, so files without it keep their bytes); refused in 1 and 2
 inline constexpr int64_t kAllocGroupCodebookVersion = 3;
+// tq-groups heads[].norm_correction (per head; written only when the TQ heads differ); refused in 1, 2
+inline constexpr int64_t kAllocHeadNormCorrectionVersion = 3;
 
 struct AllocFile {
   std::string method;            // K method name, e.g. "block-gtq"

@@ -21,6 +21,8 @@ Method allocation_method_from_flag(const std::string& flag, const std::string& n
 // A --formats value ("fp8,nvfp4", any order, no repeats): kvq::Error naming `flag` otherwise.
 std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag, const std::string& list);
 
+enum class NormCorrectionMode { kOff, kOn, kAuto };
+
 struct AllocateOptions {
   std::string calib;
   std::string out;
@@ -30,9 +32,13 @@ struct AllocateOptions {
   Method v_method = Method::kUniform;
   double v_bpd = 0.0;                // 0: the K budget (rounded up to whole bits for uniform)
   uint64_t seed = 42;                // rotation / Hadamard sign seeds derive from it
-  // TQ heads (uniform, block-gtq) decode rho~ Pi^T c/||c|| (HeadDecision::norm_correction);
-  // false writes version 1's decoding (--no-norm-correction).
-  bool norm_correction = true;
+  // TQ heads (uniform, block-gtq) decode rho~ Pi^T c/||c|| (HeadDecision::norm_correction):
+  // kOn every TQ head, kOff none (version 1's decoding; --no-norm-correction), kAuto per
+  // (layer, KV head, side) whichever codes the calibration reservoir with the lower error
+  // (choose_norm_correction; a calibration without reservoir rows falls back to kOn, logged).
+  // The default stays kOn although auto measured at least as well (see README): kvq-eval's
+  // uniform baseline still takes one setting for all heads (alloc::tq_norm_correction).
+  NormCorrectionMode norm_correction = NormCorrectionMode::kOn;
   // TQ groups narrower than this many bits are coded unrotated (TqRotation::kIdentity); 0 or 1:
   // every group rotated (--rotate-below; the Block-GTQ reference uses 3).
   int rotate_below = 0;
@@ -64,6 +70,21 @@ struct AllocateOptions {
   // layer-precision (--method and --v-method both): the formats a layer may take, "fp8,nvfp4"
   std::string formats = "fp8,nvfp4";
 };
+
+// --norm-correction auto's measurement for one TQ decision (its norm_correction ignored), on the
+// calibration reservoir's first n = min(rows, measure_tokens) rows of its (layer, KV head, side),
+// K post-RoPE at each row's position when dec.post_rope (as the codec sees it). Coded both ways
+// with HeadCodec; K: the mean over query heads j of the KV head's group, the first
+// min(n, kNormCorrectionQueries) rows t as queries (post-RoPE at their positions) and all n rows s
+// as keys of |q_tj . (k_s - k^_s)| (every pair, causal or not: the keys' error seen by real
+// queries); V: the mean squared reconstruction error per row. err[0] = off, err[1] = on; the
+// decision is on iff err[1] < err[0].
+inline constexpr int kNormCorrectionQueries = 128;
+struct NormCorrectionChoice {
+  double err[2] = {0, 0};
+  bool on = false;
+};
+NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecision& dec, int measure_tokens);
 
 // Reads the calibration file, allocates, writes opts.out atomically; returns what was written.
 AllocFile run_allocate(const AllocateOptions& opts);
