@@ -152,7 +152,7 @@ Heldout heldout(const kvq::CalibFile& c) {
   for (int l = 0; l < x.L; ++l) {
     x.window.push_back(p.window_of(l));
     for (int w = 0; w < x.M; ++w) {
-      auto rows = [&](const std::vector<float>& src, int heads, int h, bool post) {
+      auto rows = [&](const kvq::payload::FloatVector& src, int heads, int h, bool post) {
         Eigen::MatrixXd m(T, d);
         for (int t = 0; t < T; ++t) {
           const float* r = src.data() + (((size_t(l) * x.M + w) * T + t) * heads + h) * d;

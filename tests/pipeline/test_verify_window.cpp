@@ -77,7 +77,7 @@ Metrics brute_force(const CalibFile& c, const AllocFile& a, int layer, int windo
     EXPECT_TRUE(kd && vd);
     codec::HeadCodec kc(*kd, d), vc(*vd, d);
     for (int m = 0; m < M; ++m) {
-      auto kv_at = [&](const std::vector<float>& src, int t, int i) {
+      auto kv_at = [&](const kvq::payload::FloatVector& src, int t, int i) {
         return src[(((size_t(layer) * M + m) * T + t) * H + h) * d + i];
       };
       std::vector<float> k(size_t(T) * d), v(k.size()), kh(k.size()), vh(k.size());

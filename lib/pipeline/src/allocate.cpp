@@ -141,6 +141,18 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
   return tables;
 }
 
+// The RoPE the calibration file records (its windows' own), for post-RoPE K.
+codec::RopeSpec calib_rope(const CalibFile& c) {
+  codec::RopeSpec rope;
+  rope.enabled = true;
+  rope.theta = c.prov.rope_theta;
+  rope.rotary_dim = c.prov.rotary_dim;
+  rope.pairing = c.prov.pairing;
+  rope.inv_freq = c.prov.rope_inv_freq;
+  rope.attention_factor = c.prov.rope_attention_factor;
+  return rope;
+}
+
 // layer-precision: per (layer, head, format) the MSE of coding the reservoir's rows (K post-RoPE,
 // as the serving cache stores it) with the head's static scale from its amax.
 alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOptions& o) {
@@ -162,13 +174,7 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
   const size_t F = in.formats.size();
   in.k_mse.assign(size_t(L * H) * F, 0.0);
   in.v_mse.assign(size_t(L * H) * F, 0.0);
-  codec::RopeSpec rope;
-  rope.enabled = true;
-  rope.theta = c.prov.rope_theta;
-  rope.rotary_dim = c.prov.rotary_dim;
-  rope.pairing = c.prov.pairing;
-  rope.inv_freq = c.prov.rope_inv_freq;
-  rope.attention_factor = c.prov.rope_attention_factor;
+  const codec::RopeSpec rope = calib_rope(c);
   std::vector<float> x(size_t(n) * size_t(d)), y(x.size());
   for (Side side : {Side::kK, Side::kV}) {
     const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
@@ -209,16 +215,6 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
   }
 }
 
-codec::RopeSpec calib_rope(const CalibFile& c) {
-  codec::RopeSpec rope;
-  rope.enabled = true;
-  rope.theta = c.prov.rope_theta;
-  rope.rotary_dim = c.prov.rotary_dim;
-  rope.pairing = c.prov.pairing;
-  rope.inv_freq = c.prov.rope_inv_freq;
-  rope.attention_factor = c.prov.rope_attention_factor;
-  return rope;
-}
 
 alloc::Allocation allocate_side(const CalibFile& c, Side side, Method method, double bpd, const AllocateOptions& o) {
   const auto sh = c.shape();
