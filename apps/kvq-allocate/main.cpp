@@ -27,7 +27,7 @@ int main(int argc, char** argv) {
   app.add_option("--v-bpd", o.v_bpd, "V budget in bits per dimension (default: --bpd, rounded up for uniform)");
   kvq::cli::add_out(app, o.out, "output allocation file (.kvqalloc.h5), written atomically");
   app.add_option("--manifest", o.manifest_json, "also write the JSON manifest (schemas/allocation-manifest.schema.json)");
-  std::string norm_correction = "on";
+  std::string norm_correction = "auto";
   auto* nc_opt =
       app.add_option("--norm-correction", norm_correction,
                      "TQ heads decode rho * Pi^T c/||c|| (on), rho * Pi^T c (off: allocation version 1's codec), or "

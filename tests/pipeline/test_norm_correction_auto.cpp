@@ -225,13 +225,13 @@ TEST(NormCorrectionAuto, FileFormat) {
   fs::remove(again);
   kvq::write_alloc(again, a);
   EXPECT_EQ(bytes_of(again), bytes_of(mixed));
-  // on (the default) / off write what they wrote before auto existed; --no-norm-correction is off.
+  // auto is the default; on / off write what they wrote before auto existed; --no-norm-correction is off.
+  EXPECT_EQ(bytes_of(mixed), bytes_of(allocate(cal, "--method uniform --bpd 2", "nca_f_def")));
   const std::string off = allocate(cal, "--method uniform --bpd 2 --norm-correction off", "nca_f_off");
   const std::string off2 = allocate(cal, "--method uniform --bpd 2 --no-norm-correction", "nca_f_off2");
   EXPECT_EQ(bytes_of(off), bytes_of(off2));
   EXPECT_EQ(kvq::alloc_manifest(kvq::read_alloc(off))["version"], 1);
   const std::string on_path = allocate(cal, "--method uniform --bpd 2 --norm-correction on", "nca_f_on");
-  EXPECT_EQ(bytes_of(on_path), bytes_of(allocate(cal, "--method uniform --bpd 2", "nca_f_def")));
   const auto onf = kvq::read_alloc(on_path);
   EXPECT_EQ(kvq::alloc_manifest(onf)["version"], 2);
   EXPECT_EQ(kvq::alloc_manifest(onf)["norm_correction"], true);

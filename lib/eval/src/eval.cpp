@@ -4,8 +4,10 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <sstream>
+#include <tuple>
 
 #include "kvq/alloc/uniform.hpp"
 #include "kvq/corpus/corpus.hpp"
@@ -143,11 +145,20 @@ EvalReport run_eval(const EvalOptions& o) {
       kb = alloc::match_effective_bits("uniform", shape, Side::kK, alloc_coder.k_bpd_effective(), nc);
       vb = alloc::match_effective_bits("uniform", shape, Side::kV, alloc_coder.v_bpd_effective(), nc);
     }
-    base_coder = std::make_unique<KvCoder>(
-        cfg,
-        alloc::baseline_heads("uniform", shape, kb, vb, alloc::tq_norm_correction(a.heads), o.alloc,
-                              "pass --baseline-k-bpd / --baseline-v-bpd"),
-        "uniform baseline");
+    std::vector<HeadDecision> base = alloc::baseline_heads("uniform", shape, kb, vb, alloc::tq_norm_correction(a.heads),
+                                                           o.alloc, "pass --baseline-k-bpd / --baseline-v-bpd");
+    // An allocation made with --norm-correction auto decides per (layer, KV head, side); without
+    // the calibration file the baseline's TQ heads take the allocation's decision for the same
+    // head (what kvq-verify's reservoir measurement gives when the groups are the same, as for a
+    // uniform allocation), so a uniform allocation equals its own baseline.
+    std::map<std::tuple<int, int, int>, bool> nc_of;
+    for (const auto& h : a.heads)
+      if (h.kind == CodingKind::kTqGroups) nc_of[{h.layer, h.kv_head, int(h.side)}] = h.norm_correction;
+    for (auto& h : base) {
+      auto it = nc_of.find({h.layer, h.kv_head, int(h.side)});
+      if (h.kind == CodingKind::kTqGroups && it != nc_of.end()) h.norm_correction = it->second;
+    }
+    base_coder = std::make_unique<KvCoder>(cfg, std::move(base), "uniform baseline");
   }
 
   EvalRow fp;
