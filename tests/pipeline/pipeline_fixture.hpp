@@ -5,7 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "run_cmd.hpp"
 #include "shared_data.hpp"
@@ -41,6 +45,25 @@ inline std::string allocate(const std::string& cal, const std::string& args, con
   auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --out " + alloc + " " + args);
   EXPECT_EQ(r.status, 0) << args << ": " << r.err;
   return alloc;
+}
+
+// A file's bytes ("" when absent).
+inline std::string bytes_of(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+// kvq-verify's per-layer RoPE-logit MAE of an allocation on the calibration's held-out windows.
+inline std::vector<double> layer_mae(const std::string& cal, const std::string& alloc) {
+  const std::string out = alloc + ".verify.json";
+  std::filesystem::remove(out);
+  auto r = run_cmd(bin("kvq-verify") + " -q --calib " + cal + " --alloc " + alloc + " --json " + out);
+  EXPECT_EQ(r.status, 0) << r.err;
+  std::vector<double> v;
+  if (!std::filesystem::exists(out)) return v;
+  const nlohmann::json j = nlohmann::json::parse(std::ifstream(out));
+  for (const auto& l : j["allocation"]["layers"]) v.push_back(l["logit_mae"].get<double>());
+  return v;
 }
 
 }  // namespace kvq::test::pipeline

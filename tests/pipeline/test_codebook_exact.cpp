@@ -32,11 +32,6 @@ using namespace kvq::test::pipeline;
 
 namespace {
 
-std::string bytes_of(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
 struct Verify {
   std::vector<double> mae;
   double k_eff = 0;

@@ -40,23 +40,6 @@ using namespace kvq::test::pipeline;
 
 namespace {
 
-std::string bytes_of(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-
-std::vector<double> layer_mae(const std::string& cal, const std::string& alloc) {
-  auto out = temp_path("nca_verify.json");
-  fs::remove(out);
-  auto r = run_cmd(bin("kvq-verify") + " -q --calib " + cal + " --alloc " + alloc + " --json " + out);
-  EXPECT_EQ(r.status, 0) << r.err;
-  std::vector<double> v;
-  if (!fs::exists(out)) return v;
-  const json j = json::parse(std::ifstream(out));
-  for (const auto& l : j["allocation"]["layers"]) v.push_back(l["logit_mae"].get<double>());
-  return v;
-}
-
 // The two errors of one TQ decision, recomputed from the definitions (double accumulation):
 // rows = the first min(reservoir, 1024) reservoir rows (kvq-allocate's --measure-tokens default),
 // queries = the first min(rows, 128) of them, every query head of the KV head's group.

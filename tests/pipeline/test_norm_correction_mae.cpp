@@ -1,7 +1,7 @@
 // Norm correction (TQ decode rho~ Pi^T c/||c||, allocation version 2) on real held-out
 // activations: it never raises kvq-verify's per-layer RoPE-logit MAE at K 1-4 bits, for uniform
 // TQ-MSE and Block-GTQ, on the demo model and stories260K. Prints the per-layer table
-// (off -> on). Also: the default writes version 2 with norm_correction, --no-norm-correction
+// (off -> on). Also: --norm-correction on writes version 2 with norm_correction, --no-norm-correction
 // writes what earlier kvq wrote (version 1, decoding without it).
 #include <gtest/gtest.h>
 
@@ -30,18 +30,6 @@ using namespace kvq::test::pipeline;
 
 namespace {
 
-std::vector<double> layer_mae(const std::string& cal, const std::string& alloc) {
-  auto out = temp_path("nc_verify.json");
-  fs::remove(out);
-  auto r = run_cmd(bin("kvq-verify") + " -q --calib " + cal + " --alloc " + alloc + " --json " + out);
-  EXPECT_EQ(r.status, 0) << r.err;
-  std::vector<double> v;
-  if (!fs::exists(out)) return v;
-  const json j = json::parse(std::ifstream(out));
-  for (const auto& l : j["allocation"]["layers"]) v.push_back(l["logit_mae"].get<double>());
-  return v;
-}
-
 // must_hold(method, b): whether the per-layer claim is asserted there (else the row is printed only).
 template <class MustHold>
 void never_raises(const std::string& cal, const std::string& model, MustHold must_hold) {
@@ -50,7 +38,7 @@ void never_raises(const std::string& cal, const std::string& model, MustHold mus
       const bool check = must_hold(std::string(method), b);
       const std::string args = std::string("--method ") + method + " --bpd " + std::to_string(b);
       const auto off = layer_mae(cal, allocate(cal, args + " --no-norm-correction", "nc_off"));
-      const auto on = layer_mae(cal, allocate(cal, args, "nc_on"));
+      const auto on = layer_mae(cal, allocate(cal, args + " --norm-correction on", "nc_on"));
       ASSERT_EQ(off.size(), on.size());
       ASSERT_FALSE(on.empty());
       std::printf("%s %s K%d per-layer logit MAE, norm correction off -> on:", model.c_str(), method, b);
@@ -133,7 +121,7 @@ TEST(NormCorrection, BadV2FieldsAreRefused) {
 TEST(NormCorrection, FileRecordsTheSetting) {
   std::string cal = demo_cal("nc");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
-  const auto on = kvq::read_alloc(allocate(cal, "--method block-gtq --bpd 3", "nc_file_on"));
+  const auto on = kvq::read_alloc(allocate(cal, "--method block-gtq --bpd 3 --norm-correction on", "nc_file_on"));
   const auto off = kvq::read_alloc(allocate(cal, "--method block-gtq --bpd 3 --no-norm-correction", "nc_file_off"));
   EXPECT_EQ(kvq::alloc_manifest(on)["version"], 2);
   EXPECT_EQ(kvq::alloc_manifest(on)["norm_correction"], true);
