@@ -45,6 +45,15 @@ int main(int argc, char** argv) {
                  "coordinate law of a random unit vector in R^m, groups of 2..64 dims; larger ones stay gaussian). "
                  "Costs no bits; uniform and block-gtq only")
       ->default_val(codebook)->check(CLI::IsMember({"gaussian", "exact"}));
+  std::string group_norms = "compact";
+  app.add_option("--group-norms", group_norms,
+                 "side information of TQ heads with >= 2 groups (block-gtq): fp16 (one fp16 norm per group) or "
+                 "compact (one 16-bit record per token, as uniform stores: the head norm on a log scale plus the "
+                 "index of its group-norm ratios in a 2^--ratio-bits codebook fitted to the calibration reservoir)")
+      ->default_val(group_norms)->check(CLI::IsMember({"fp16", "compact"}));
+  app.add_option("--ratio-bits", o.ratio_bits,
+                 "compact group norms: bits of the ratio index (the head norm keeps 16 - k bits)")
+      ->default_val(o.ratio_bits)->check(CLI::Range(1, 8));
   app.add_option("--seed", o.seed, "base seed of every rotation and Hadamard sign pattern")->default_val(o.seed);
   auto* g = app.add_option_group("Block-GTQ");
   g->add_option("--b-min", o.b_min, "smallest width per RoPE block")->default_val(o.b_min)->check(CLI::Range(1, 8));
@@ -86,6 +95,9 @@ int main(int argc, char** argv) {
                         : norm_correction == "off" ? kvq::NormCorrectionMode::kOff
                                                    : kvq::NormCorrectionMode::kAuto;
     o.codebook = codebook == "exact" ? kvq::TqCodebook::kSphere : kvq::TqCodebook::kGaussian;
+    o.threads = common.threads;
+    o.group_norms = group_norms == "compact" ? kvq::AllocateOptions::GroupNorms::kCompact
+                                             : kvq::AllocateOptions::GroupNorms::kFp16;
     o.method = kvq::allocation_method_from_flag("--method", method, kvq::Side::kK);
     // layer-precision decides K and V of a layer together: --v-method follows unless given.
     if (o.method == kvq::Method::kLayerPrecision && v_method_opt->count() == 0) v_method = method;

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kvq/codec/group_norms.hpp"
 #include "kvq/format/decision.hpp"
 #include "kvq/util/rng.hpp"
 
@@ -61,6 +62,19 @@ inline HeadDecision norm_corrected(HeadDecision dec) {
 inline HeadDecision rotate_below(HeadDecision dec, int below) {
   for (TqGroup& g : dec.groups)
     if (g.bits < below) g.rotation = TqRotation::kIdentity;
+  return dec;
+}
+
+// The same TQ decision (>= 2 groups) with compact group norms (kvq-allocate --group-norms compact):
+// tables fitted to seeded rows whose groups have different scales (so the ratios vary).
+inline HeadDecision compact_norms(HeadDecision dec, int d, int ratio_bits, uint64_t seed = 5) {
+  std::vector<float> x = gaussian_rows(512, d, seed);
+  Rng rng(seed + 1);
+  for (int t = 0; t < 512; ++t) {
+    const double scale = std::exp2(4.0 * rng.uniform() - 2.0);
+    for (int i = 0; i < d; ++i) x[static_cast<size_t>(t) * d + i] *= static_cast<float>(scale * (1.0 + (i % 5)));
+  }
+  fit_compact_group_norms(dec, d, x.data(), 512, ratio_bits, seed);
   return dec;
 }
 

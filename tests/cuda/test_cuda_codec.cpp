@@ -69,6 +69,9 @@ std::vector<std::pair<std::string, HeadDecision>> decisions(int d) {
   for (int b : {1, 2, 3, 4, 8}) v.emplace_back("tq_nc_b" + std::to_string(b), t::norm_corrected(t::tq_uniform(d, b)));
   v.emplace_back("gtq_nc", t::norm_corrected(t::tq_blocks(d, {1, 2, 3, 4, 5, 6, 7, 8})));
   v.emplace_back("gtq_nc_rot3", t::rotate_below(t::norm_corrected(t::tq_blocks(d, {1, 2, 3, 4, 5, 6, 7, 8})), 3));
+  // Compact group norms (allocation version 4): one record, the norm levels and ratios uploaded.
+  v.emplace_back("gtq_compact8", t::compact_norms(t::tq_blocks(d, {1, 2, 3, 4, 5, 6, 7, 8}), d, 8));
+  v.emplace_back("gtq_nc_compact4", t::norm_corrected(t::compact_norms(t::tq_blocks(d, {1, 2, 3, 4, 5, 6, 7, 8}), d, 4)));
   v.emplace_back("lrh_full", t::lrh(d, d, 4));
   v.emplace_back("lrh_r1", t::lrh(d, 1, 3));
   return v;
@@ -201,6 +204,9 @@ TEST(Cuda, FusedAttentionMatchesCpuReference) {
       {"tq_nc_pre_rope", 128, 8, 2, 200,
        [](int) { HeadDecision x = t::norm_corrected(t::tq_uniform(128, 2)); x.post_rope = false; return x; },
        [](int) { return t::norm_corrected(t::tq_uniform(128, 4, 3, Side::kV)); }, true, false},
+      {"gtq_compact_k_tq_nc_v", 64, 4, 2, 600,
+       [](int h) { return t::norm_corrected(t::compact_norms(t::tq_blocks(64, {2, 3, 4}), 64, 8, 3 + h)); },
+       [](int h) { return t::norm_corrected(t::tq_uniform(64, 3, 9 + h, Side::kV)); }},
       {"d8_mha", 8, 4, 4, 40, [](int) { return t::tq_uniform(8, 5); }, [](int) { return t::lrh(8, 6, 5, 1, Side::kV); }},
   };
   for (const AttnCase& c : cases) run_attention_case(c);

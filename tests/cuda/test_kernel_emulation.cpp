@@ -49,6 +49,9 @@ TEST(KernelEmulation, DecodersMatchCpuReference) {
         {"tq3nc", t::norm_corrected(t::tq_uniform(d, 3))},
         {"gtqnc", t::norm_corrected(t::tq_blocks(d, {1, 4, 8, 2}))},
         {"gtqnc_rot3", t::rotate_below(t::norm_corrected(t::tq_blocks(d, {1, 4, 8, 2})), 3)},
+        // Compact group norms (one 16-bit record: head norm level + ratio index), both decoders.
+        {"gtq_compact8", t::compact_norms(t::tq_blocks(d, {1, 4, 8, 2}), d, 8)},
+        {"gtqnc_compact3", t::norm_corrected(t::compact_norms(t::tq_blocks(d, {1, 4, 8, 2}), d, 3))},
     };
     for (const auto& [name, dec] : decs) {
       HeadCodec c(dec, d);
@@ -210,6 +213,17 @@ TEST(KernelEmulation, FusedAttentionMatchesCpuReference) {
        [](int h) { HeadDecision x = t::tq_uniform(32, 1); x.post_rope = false; x.norm_correction = h == 1; return x; },
        [](int h) { HeadDecision x = t::tq_uniform(32, 3, 9, Side::kV); x.norm_correction = h == 0; return x; }, true,
        false},
+      // Compact group norms on K (per KV head its own tables and norm-correction flag).
+      {"tq_compact_k_latent", 64, 8, 2, 150, 4,
+       [](int h) {
+         HeadDecision x = t::compact_norms(t::tq_blocks(64, {2, 3, 4}), 64, 8, 5 + h);
+         x.norm_correction = h % 2 == 0;
+         return x;
+       },
+       [](int h) { return t::norm_corrected(t::tq_uniform(64, 3, 9 + h, Side::kV)); }, false, false},
+      {"tq_compact_post_rope", 32, 4, 2, 77, 3,
+       [](int h) { return t::norm_corrected(t::compact_norms(t::tq_blocks(32, {1, 3}), 32, 5, 8 + h)); },
+       [](int) { return t::tq_uniform(32, 2, 9, Side::kV); }, true, true},
       {"window_wider_than_cache", 16, 2, 1, 33, 1, [](int) { return t::kivi(Side::kK, 3); },
        [](int) { return t::kivi(Side::kV, 2); }, false, false, false, 500},
   };

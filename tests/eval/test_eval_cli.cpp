@@ -274,13 +274,14 @@ TEST(EvalCli, BadInputsAreOneLineErrors) {
 
 namespace {
 // Effective bpd from the packed-layout rules (schemas/packed-layout.md), written here: a block is
-// [records][codes][pad to 2 bytes]; TQ: one fp16 norm per group; low rank: one fp16 norm.
+// [records][codes][pad to 2 bytes]; TQ: one fp16 norm per group, or with compact group norms one
+// 16-bit record; low rank: one fp16 norm.
 long align2(long bytes) { return (bytes + 1) / 2 * 2; }
 double layout_bpd(const HeadDecision& h, int d) {
   long code_bits = 0, records = 0;
   if (h.kind == CodingKind::kTqGroups) {
     for (const auto& g : h.groups) code_bits += long(g.dims.size()) * g.bits;
-    records = long(h.groups.size());
+    records = h.ratio_bits > 0 ? 1 : long(h.groups.size());
   } else if (h.kind == CodingKind::kLowRankHadamard) {
     code_bits = long(h.rank) * h.bits, records = 1;
   } else {

@@ -22,6 +22,7 @@ using json = nlohmann::json;
 namespace {
 
 const std::string kGood = std::string(KVQ_SOURCE_DIR) + "/data/golden/cobra-dp-v1.kvqalloc.h5";
+const std::string kCompact = std::string(KVQ_SOURCE_DIR) + "/data/golden/block-gtq-compact-v4.kvqalloc.h5";
 
 void rewrite_manifest(const std::string& p, const std::function<void(json&)>& edit) {
   h5::quiet();
@@ -49,6 +50,20 @@ void add_solver_dataset(const std::string& p, const std::string& name, std::vect
   H5::Group root = f.openGroup("/");
   H5::Group g = h5::exists(root, "solver") ? root.openGroup("solver") : h5::make_group(root, "solver");
   h5::write(g, name, dims, v.data());
+}
+
+int first_compact(const json& m) {
+  for (size_t i = 0; i < m["heads"].size(); ++i)
+    if (m["heads"][i].contains("group_norms")) return int(i);
+  return -1;
+}
+
+// A copy of the v4 golden with its first compact head's group_norms edited.
+std::function<void(const std::string&)> edit_compact(std::function<void(json&)> edit) {
+  return [edit](const std::string& p) {
+    fs::copy_file(kCompact, p);
+    rewrite_manifest(p, [&](json& m) { edit(m["heads"][first_compact(m)]["group_norms"]); });
+  };
 }
 
 int first_lowrank(const json& m) {
@@ -124,6 +139,52 @@ TEST(AllocFileBad, Table) {
          std::vector<float> v(dims[0] * dims[1]);
          ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
          v[3] = std::nanf("");
+         ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+       }},
+      // Compact group norms (version 4).
+      {"compact_in_v3", "group_norms: needs allocation version >= 4, the file is version 3",
+       [](const std::string& p) {
+         fs::copy_file(kCompact, p);
+         H5::H5File f(p, H5F_ACC_RDWR);
+         H5::Group g = f.openGroup("/");
+         g.removeAttr("version");
+         h5::write_attr(g, "version", int64_t(3));
+       }},
+      {"compact_kind", "group_norms.kind: must be \"compact\"", edit_compact([](json& g) { g["kind"] = "fp8"; })},
+      {"compact_ratio_bits", "group_norms.ratio_bits: out of 1..8: 9", edit_compact([](json& g) { g["ratio_bits"] = 9; })},
+      {"compact_ratio_bits_float", "ratio_bits: not an integer", edit_compact([](json& g) { g["ratio_bits"] = 2.5; })},
+      {"compact_lo_null", "group_norms.norm_log2_lo: must be a finite number, found null",
+       edit_compact([](json& g) { g["norm_log2_lo"] = nullptr; })},
+      {"compact_step_zero", "norm_log2_step", edit_compact([](json& g) { g["norm_log2_step"] = 0.0; })},
+      {"compact_levels_overflow", "outside a float's range", edit_compact([](json& g) { g["norm_log2_lo"] = 126.9; })},
+      {"compact_ratios_missing", "nope", edit_compact([](json& g) { g["ratios"] = "nope"; })},
+      {"compact_ratios_shape", "but the header implies", edit_compact([](json& g) { g["ratio_bits"] = 5; })},
+      {"compact_one_group", "need >= 2 groups",
+       [](const std::string& p) {
+         fs::copy_file(kCompact, p);
+         rewrite_manifest(p, [](json& m) {
+           auto& h = m["heads"][first_compact(m)];
+           json all = json::array();
+           for (auto& g : h["groups"])
+             for (auto& x : g["dims"]) all.push_back(x);
+           h["groups"] = json::array({h["groups"][0]});
+           h["groups"][0]["dims"] = all;
+         });
+       }},
+      {"compact_negative_ratio", "ratio_codebook: value at 1 is not finite and >= 0",
+       [](const std::string& p) {
+         fs::copy_file(kCompact, p);
+         H5::H5File f(p, H5F_ACC_RDONLY);
+         json m = json::parse(h5::read_attr_str(p, f.openGroup("/"), "manifest"));
+         std::string name = m["heads"][first_compact(m)]["group_norms"]["ratios"];
+         f.close();
+         H5::H5File w(p, H5F_ACC_RDWR);
+         auto ds = w.openDataSet("/tensors/" + name);
+         hsize_t dims[2];
+         ds.getSpace().getSimpleExtentDims(dims);
+         std::vector<float> v(dims[0] * dims[1]);
+         ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+         v[1] = -0.25f;
          ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
        }},
       // The golden file: 4 layers x 2 KV heads.

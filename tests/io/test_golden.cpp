@@ -6,6 +6,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "kvq/format/decision_layout.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
 #include "kvq/util/sha256.hpp"
@@ -24,7 +25,7 @@ TEST(Golden, FilesAreUnchanged) {
     EXPECT_EQ(sha256_file(golden(name)), sha) << name << " was modified: golden files are never rewritten";
     ++n;
   }
-  EXPECT_EQ(n, 7);
+  EXPECT_EQ(n, 8);
 }
 
 TEST(Golden, CalibrationV1) {
@@ -222,3 +223,41 @@ TEST(Golden, AllocationV3ExactCodebook) {
     for (const auto& h : read_alloc(golden(f)).heads)
       for (const auto& g : h.groups) EXPECT_EQ(g.codebook, TqCodebook::kGaussian) << f;
 }
+
+// Allocation v4 (block-gtq at 3 bpd, --norm-correction on --group-norms compact --ratio-bits 4;
+// made with the kvq-allocate of allocation version 4, same calibration as v2): every K head has
+// one 16-bit norm record per token, so its bytes per token equal uniform TQ-MSE's at 3 bits
+// (align2(2 + 64 * 3 / 8) = 26: 3.25 bpd).
+TEST(Golden, AllocationV4CompactGroupNorms) {
+  CalibFile c = read_calib(golden("calib-v3.kvqcal.h5"), false);
+  AllocFile a = read_alloc(golden("block-gtq-compact-v4.kvqalloc.h5"));
+  check_alloc_matches(a, "block-gtq-compact-v4", c, "calib-v3");
+  EXPECT_EQ(alloc_version_for(a), 4);
+  EXPECT_EQ(a.params.value("group_norms", std::string()), "compact");
+  EXPECT_EQ(a.k_bpd_effective, 3.25);
+  int compact = 0;
+  for (const auto& h : a.heads) {
+    ASSERT_EQ(h.kind, CodingKind::kTqGroups);
+    if (h.groups.size() < 2) {
+      EXPECT_EQ(h.ratio_bits, 0);
+      continue;
+    }
+    ++compact;
+    EXPECT_EQ(h.ratio_bits, 4);
+    ASSERT_EQ(h.ratio_codebook.size(), 16 * h.groups.size());
+    for (size_t j = 0; j < 16; ++j) {
+      double n2 = 0;
+      for (size_t g = 0; g < h.groups.size(); ++g) n2 += double(h.ratio_codebook[j * h.groups.size() + g]) * h.ratio_codebook[j * h.groups.size() + g];
+      EXPECT_NEAR(n2, 1.0, 1e-5);
+    }
+    EXPECT_EQ(layout::layout_for(h, 64).block_bytes, 26u);
+  }
+  EXPECT_GT(compact, 0);
+  // Written again: the manifest carries the same tables and says version 4.
+  const auto m = alloc_manifest(a);
+  EXPECT_EQ(m["version"], 4);
+  // The older goldens have no compact head.
+  for (const char* f : {"block-gtq-v1.kvqalloc.h5", "block-gtq-v2.kvqalloc.h5", "block-gtq-exact-v3.kvqalloc.h5"})
+    for (const auto& h : read_alloc(golden(f)).heads) EXPECT_EQ(h.ratio_bits, 0) << f;
+}
+

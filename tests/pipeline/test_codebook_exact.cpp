@@ -108,7 +108,10 @@ TEST(CodebookExact, FileRecordsItAndOtherFilesKeepTheirBytes) {
   const json md = kvq::alloc_manifest(d), mx = kvq::alloc_manifest(x);
   EXPECT_EQ(md.dump().find("\"codebook\""), std::string::npos);
   EXPECT_EQ(mx["params"]["codebook"], "exact");
-  EXPECT_EQ(mx["version"], 3);
+  EXPECT_EQ(mx["version"], 4);  // the default compact group norms; version 3 with fp16 ones:
+  EXPECT_EQ(kvq::alloc_version_for(kvq::read_alloc(
+                allocate(cal, "--method block-gtq --bpd 3 --codebook exact --group-norms fp16", "cbx_ex16"))),
+            3);
   ASSERT_EQ(d.heads.size(), x.heads.size());
   size_t n_exact = 0;
   for (size_t i = 0; i < x.heads.size(); ++i) {
@@ -264,7 +267,7 @@ TEST(CodebookExact, UnrotatedGroupsPrinted) {
       const auto haar_only = temp_path("cbx_rb_haar.kvqalloc.h5");
       fs::remove(haar_only);
       fs::copy_file(all, haar_only);
-      rewrite(haar_only, 3, [](json& m) {
+      rewrite(haar_only, kvq::alloc_version_for(kvq::read_alloc(all)), [](json& m) {
         for (auto& h : m["heads"])
           if (h.contains("groups"))
             for (auto& gr : h["groups"])

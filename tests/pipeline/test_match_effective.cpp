@@ -40,7 +40,8 @@ double head_bpd(const kvq::HeadDecision& h, int d) {
     case kvq::CodingKind::kTqGroups: {
       long code_bits = 0;
       for (const auto& g : h.groups) code_bits += long(g.dims.size()) * g.bits;
-      block = align2(2 * long(h.groups.size()) + bytes_of_bits(code_bits));
+      // One fp16 norm per group, or with compact group norms one 16-bit record per token.
+      block = align2((h.ratio_bits > 0 ? 2 : 2 * long(h.groups.size())) + bytes_of_bits(code_bits));
       break;
     }
     case kvq::CodingKind::kLowRankHadamard: block = align2(2 + bytes_of_bits(long(h.rank) * h.bits)); break;
@@ -195,12 +196,13 @@ TEST(MatchEffective, ExplicitBaselineBitsAreAUsageError) {
   EXPECT_TRUE(r.j.is_null());
 }
 
-// stories260K has d = 8: a 2-group Block-GTQ K at 7.5 nominal stores 4 norm bytes + 60 code bits
-// = 12 bytes per token (12 bpd) against uniform's 10 bpd at 8 bits: no admissible budget reaches it.
+// stories260K has d = 8: a 2-group Block-GTQ K at 7.5 nominal with fp16 group norms stores 4 norm
+// bytes + 60 code bits = 12 bytes per token (12 bpd) against uniform's 10 bpd at 8 bits: no
+// admissible budget reaches it. (With compact group norms it stores 10 bytes, as uniform 8 does.)
 TEST(MatchEffective, UnreachableBudgetIsOneLineError) {
   KVQ_REQUIRE_SHARED("models/stories260K/stories260K.bin");
   const auto cal = stories_cal("me");
-  const auto alloc = allocate(cal, "--method block-gtq --bpd 7.5", "me_unreach");
+  const auto alloc = allocate(cal, "--method block-gtq --bpd 7.5 --group-norms fp16", "me_unreach");
   const kvq::AllocFile a = kvq::read_alloc(alloc);
   const double ak = side_bpd(a, kvq::Side::kK, 8);
   double e = 0;

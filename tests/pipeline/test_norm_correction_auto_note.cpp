@@ -1,7 +1,9 @@
 // For the project's note (issue 14): kvq-verify's per-layer table (RoPE-logit MAE, KL, top-10
 // agreement) "before" (version-1 behaviour: --norm-correction off --codebook gaussian
-// --rotate-below 0) -> "on" (today's defaults: norm correction on, gaussian, rotate all) -> "auto"
-// (--norm-correction auto) -> "auto+exact" (and --codebook exact), on the demo model and stories260K at K2 and K3, uniform and
+// --rotate-below 0) -> "on" (norm correction on, gaussian, rotate all) -> "auto"
+// (--norm-correction auto) -> "auto+exact" (and --codebook exact), each with fp16 group norms, then
+// today's defaults (auto, gaussian, --group-norms compact) and those with --codebook exact, on the
+// demo model and stories260K at K2 and K3, uniform and
 // Block-GTQ; then Block-GTQ's per-layer wins over uniform at equal nominal bits (uniform allocated
 // with the same settings) and at equal effective bits (kvq-verify --match effective, its uniform
 // baseline at the nearest whole bits whose effective bpd is >= Block-GTQ's). Printed only: the
@@ -41,12 +43,14 @@ struct Setting {
   const char* args;
 };
 const Setting kSettings[] = {
-    {"before", "--norm-correction off --codebook gaussian --rotate-below 0"},
-    {"on(default)", ""},
-    {"auto", "--norm-correction auto"},
-    {"auto+exact", "--norm-correction auto --codebook exact"},
+    {"before", "--norm-correction off --codebook gaussian --rotate-below 0 --group-norms fp16"},
+    {"on", "--norm-correction on --group-norms fp16"},
+    {"auto", "--norm-correction auto --group-norms fp16"},
+    {"auto+exact", "--norm-correction auto --codebook exact --group-norms fp16"},
+    {"auto+compact(default)", ""},
+    {"auto+exact+compact", "--codebook exact"},
 };
-constexpr int kN = 4;
+constexpr int kN = 6;
 
 void table(const std::string& cal, const std::string& model) {
   for (int b : {2, 3}) {

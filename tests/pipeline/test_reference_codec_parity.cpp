@@ -314,7 +314,7 @@ void parity(const std::string& cal_path, const std::string& model, int kvq_draws
     for (int b : {2, 3}) {
       const auto alloc = temp_path("rp.kvqalloc.h5");
       auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal_path + " --out " + alloc + " --method " + method +
-                       " --bpd " + std::to_string(b));
+                       " --bpd " + std::to_string(b) + " --group-norms fp16");  // the reference's side information
       ASSERT_EQ(r.status, 0) << r.err;
       const kvq::AllocFile a = kvq::read_alloc(alloc);
       const std::string what = model + " " + method + " K" + std::to_string(b);

@@ -203,7 +203,7 @@ TEST(Inspect, BlockGtqFigures) {
   EXPECT_FALSE(fs::exists(fig(dir, a, "cobra_heads.png"))) << "no low-rank heads";
   EXPECT_NE(r.err.find("(rank, bits) figure skipped"), std::string::npos) << r.err;
   // Version 3: --norm-correction auto (the default) decided per head, not all the same.
-  for (const char* s : {"kvq-allocation v3", "block-gtq", "nominal", "effective", "allocator fingerprint, K",
+  for (const char* s : {"kvq-allocation v4", "group norms  compact", "block-gtq", "nominal", "effective", "allocator fingerprint, K",
                         "allocator fingerprint, V", "per head:", "block_bits"})
     EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
 }

@@ -56,6 +56,7 @@ HeadCodec::HeadCodec(const HeadDecision& dec, int head_dim)
         off += static_cast<uint32_t>(m);
         groups_.push_back(std::move(t));
       }
+      norm_levels_ = layout::tq_compact_levels(dec);
       tq_identity_dims_ = groups_.size() == 1;
       if (tq_identity_dims_)
         for (int i = 0; i < d_; ++i)
@@ -122,9 +123,53 @@ void HeadCodec::encode(const float* x, int n_tokens, uint8_t* out) const {
 // FMA-free kernel: the same input gives the same codes on every CPU.
 void HeadCodec::encode_tq(const float* x, int n_tokens, uint8_t* out) const {
   std::vector<float> xg, u;
+  const size_t ng = groups_.size();
+  const bool compact = layout_.ratio_bits > 0;
+  // Compact: per token of the tile, the scale the codes quantize against (1 / rho~_g), group-major
+  // [g][t].
+  std::vector<double> inv_of(compact ? ng * kTile : 0), n2_of(compact ? ng : 0);
   for (int t0 = 0; t0 < n_tokens; t0 += kTile) {
     const int nt = std::min(kTile, n_tokens - t0);
-    for (size_t g = 0; g < groups_.size(); ++g) {
+    if (compact)
+      for (int t = 0; t < nt; ++t) {
+        const float* xt = x + static_cast<size_t>(t0 + t) * d_;
+        double n2 = 0.0;
+        for (size_t g = 0; g < ng; ++g) {
+          double s2 = 0.0;
+          for (int c : groups_[g].dims) s2 += static_cast<double>(xt[c]) * xt[c];
+          n2_of[g] = s2;
+          n2 += s2;
+        }
+        const float rho = static_cast<float>(std::sqrt(n2));
+        // Nearest level (levels ascend; the lower one on a tie).
+        const auto it = std::upper_bound(norm_levels_.begin(), norm_levels_.end(), rho);
+        size_t q = it == norm_levels_.begin() ? 0 : static_cast<size_t>(it - norm_levels_.begin()) - 1;
+        if (q + 1 < norm_levels_.size() && norm_levels_[q + 1] - rho < rho - norm_levels_[q]) ++q;
+        uint32_t best = 0;
+        if (n2 > 0.0) {
+          double best_dot = -1.0;
+          const double inv_rho = 1.0 / std::sqrt(n2);
+          for (uint32_t j = 0; j < (1u << layout_.ratio_bits); ++j) {
+            const float* cj = dec_.ratio_codebook.data() + static_cast<size_t>(j) * ng;
+            double dot = 0.0;
+            for (size_t g = 0; g < ng; ++g) dot += std::sqrt(n2_of[g]) * inv_rho * cj[g];
+            if (dot > best_dot) {
+              best_dot = dot;
+              best = j;
+            }
+          }
+        }
+        uint8_t* block = out + static_cast<size_t>(t0 + t) * layout_.block_bytes;
+        layout::store_u16le(block, static_cast<uint16_t>(q | (best << layout::tq_level_bits(layout_))));
+        // As with fp16 norms: quantize against the stored norm, so the codes do not depend on
+        // norm correction (only the decoder's scale does).
+        for (size_t g = 0; g < ng; ++g) {
+          const float s = layout::tq_group_norm(layout_, block, static_cast<uint32_t>(g), norm_levels_.data(),
+                                                dec_.ratio_codebook.data());
+          inv_of[g * kTile + static_cast<size_t>(t)] = s > 0.f ? 1.0 / s : 0.0;
+        }
+      }
+    for (size_t g = 0; g < ng; ++g) {
       const TqGroupTables& G = groups_[g];
       const int m = static_cast<int>(G.dims.size());
       xg.resize(static_cast<size_t>(nt) * m);
@@ -137,14 +182,19 @@ void HeadCodec::encode_tq(const float* x, int n_tokens, uint8_t* out) const {
       const uint32_t base = layout_.groups[g].code_bit_offset;
       for (int t = 0; t < nt; ++t) {
         uint8_t* block = out + static_cast<size_t>(t0 + t) * layout_.block_bytes;
-        const float* xt = &xg[static_cast<size_t>(t) * m];
-        double n2 = 0.0;
-        for (int j = 0; j < m; ++j) n2 += static_cast<double>(xt[j]) * xt[j];
-        const uint16_t rho_h = to_f16_sat(static_cast<float>(std::sqrt(n2)));
-        layout::store_u16le(block + 2 * g, rho_h);
-        const float rho = f16_to_f32(rho_h);
-        // Quantize Pi x / rho~ (the stored norm): minimises ||x - rho~ Pi^T c|| given rho~.
-        const double inv = rho > 0.f ? 1.0 / rho : 0.0;
+        double inv;
+        if (compact) {
+          inv = inv_of[g * kTile + static_cast<size_t>(t)];
+        } else {
+          const float* xt = &xg[static_cast<size_t>(t) * m];
+          double n2 = 0.0;
+          for (int j = 0; j < m; ++j) n2 += static_cast<double>(xt[j]) * xt[j];
+          const uint16_t rho_h = to_f16_sat(static_cast<float>(std::sqrt(n2)));
+          layout::store_u16le(block + 2 * g, rho_h);
+          const float rho = f16_to_f32(rho_h);
+          // Quantize Pi x / rho~ (the stored norm): minimises ||x - rho~ Pi^T c|| given rho~.
+          inv = rho > 0.f ? 1.0 / rho : 0.0;
+        }
         const float* ut = &u[static_cast<size_t>(t) * m];
         uint8_t* codes = block + layout_.meta_bytes;
         for (int i = 0; i < m; ++i) {
@@ -346,7 +396,8 @@ void HeadCodec::decode_latent(const uint8_t* packed, int n_tokens, float* latent
         float* lt = latent + static_cast<size_t>(t) * cd;
         for (size_t g = 0; g < groups_.size(); ++g) {
           const layout::LayoutGroup& lg = layout_.groups[g];
-          const float rho = f16_to_f32(layout::load_u16le(block + 2 * g));
+          const float rho = layout::tq_group_norm(layout_, block, static_cast<uint32_t>(g), norm_levels_.data(),
+                                                  dec_.ratio_codebook.data());
           const float* cent = groups_[g].centroids.data();
           float* dst = lt + groups_[g].latent_offset;
           if (!dec_.norm_correction) {

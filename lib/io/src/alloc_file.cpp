@@ -106,6 +106,7 @@ int64_t alloc_version_for(const AllocFile& a) {
       if (g.rotation != TqRotation::kHaar) v = std::max(v, kAllocGroupRotationVersion);
       if (g.codebook != TqCodebook::kGaussian) v = std::max(v, kAllocGroupCodebookVersion);
     }
+    if (h.kind == CodingKind::kTqGroups && h.ratio_bits > 0) v = std::max(v, kAllocCompactNormsVersion);
   }
   const std::optional<bool> nc = tq_norm_correction(a);
   if (!nc) v = std::max(v, kAllocHeadNormCorrectionVersion);
@@ -163,6 +164,12 @@ json alloc_manifest(const AllocFile& a) {
       j["groups"] = gs;
       if (!h.block_bits.empty()) j["block_bits"] = h.block_bits;
       if (!nc) j["norm_correction"] = h.norm_correction;
+      if (h.ratio_bits > 0)
+        j["group_norms"] = {{"kind", "compact"},
+                            {"ratio_bits", h.ratio_bits},
+                            {"norm_log2_lo", h.norm_log2_lo},
+                            {"norm_log2_step", h.norm_log2_step},
+                            {"ratios", tensor_name(h, "ratios")}};
     } else if (h.kind == CodingKind::kLowRankHadamard) {
       j["rank"] = h.rank;
       j["bits"] = h.bits;
@@ -198,6 +205,11 @@ void write_alloc(const std::string& path, const AllocFile& a) {
       h5::write_attr(root, "manifest", m.dump(1));
       auto t = h5::make_group(root, "tensors");
       for (const auto& h : a.heads) {
+        if (h.kind == CodingKind::kTqGroups && h.ratio_bits > 0) {
+          KVQ_ASSERT(h.ratio_codebook.size() == (size_t{1} << h.ratio_bits) * h.groups.size());
+          h5::write(t, tensor_name(h, "ratios"), {hsize_t(1) << h.ratio_bits, hsize_t(h.groups.size())},
+                    h.ratio_codebook.data());
+        }
         if (h.kind != CodingKind::kLowRankHadamard) continue;
         KVQ_ASSERT(h.basis.size() == size_t(d) * size_t(h.rank) && h.mean.size() == size_t(d));
         h5::write(t, tensor_name(h, "basis"), {hsize_t(d), hsize_t(h.rank)}, h.basis.data());
@@ -343,6 +355,34 @@ AllocFile read_alloc(const std::string& path) {
           if (!j["norm_correction"].is_boolean())
             throw Error(path, where + ".norm_correction", "must be true or false, found " + j["norm_correction"].dump());
           h.norm_correction = j["norm_correction"].get<bool>();
+        }
+        if (j.contains("group_norms")) {  // version 4: compact group norms
+          const std::string gw = where + ".group_norms";
+          if (opened.header.version < kAllocCompactNormsVersion)
+            throw Error(path, gw, "needs allocation version >= " + std::to_string(kAllocCompactNormsVersion) +
+                                      ", the file is version " + std::to_string(opened.header.version));
+          const json& gn = j["group_norms"];
+          if (!gn.is_object() || gn.value("kind", json()) != json("compact"))
+            throw Error(path, gw + ".kind", "must be \"compact\", found " + (gn.is_object() ? gn.value("kind", json()).dump() : gn.dump()));
+          h.ratio_bits = int_field<int>(path, gn, "ratio_bits");
+          if (h.ratio_bits < 1 || h.ratio_bits > 8)
+            throw Error(path, gw + ".ratio_bits", "out of 1..8: " + std::to_string(h.ratio_bits));
+          if (h.groups.size() < 2)
+            throw Error(path, gw, "compact group norms need >= 2 groups, the head has " + std::to_string(h.groups.size()));
+          for (const char* key : {"norm_log2_lo", "norm_log2_step"}) {
+            const json& v = gn.at(key);
+            if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > 1e4)
+              throw Error(path, gw + "." + key, "must be a finite number, found " + v.dump());
+          }
+          h.norm_log2_lo = gn["norm_log2_lo"].get<float>();
+          h.norm_log2_step = gn["norm_log2_step"].get<float>();
+          h.ratio_codebook = h5::read_f32(path, t, gn.at("ratios").get<std::string>(),
+                                          {hsize_t(1) << h.ratio_bits, hsize_t(h.groups.size())});
+          try {
+            layout::layout_for(h, d);  // levels' range, codebook values: the codec's own checks
+          } catch (const Error& e) {
+            throw Error(path, gw, e.what());
+          }
         }
       } else if (h.kind == CodingKind::kLowRankHadamard) {
         h.rank = int_field<int>(path, j, "rank");

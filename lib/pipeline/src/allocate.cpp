@@ -2,7 +2,11 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cmath>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #include "kvq/alloc/block_gtq.hpp"
 #include "kvq/alloc/cobra.hpp"
@@ -11,6 +15,7 @@
 #include "kvq/codec/attention.hpp"
 #include "kvq/codec/codebook.hpp"
 #include "kvq/codec/codec.hpp"
+#include "kvq/codec/group_norms.hpp"
 #include "kvq/stats/derived.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/format/decision_layout.hpp"
@@ -19,6 +24,9 @@
 
 namespace kvq {
 namespace {
+
+// derive_seed tag of a head's ratio-codebook fit (TQ widths use 1..8, the Hadamard signs 0).
+constexpr uint64_t kRatioSeedTag = 0x726174696fULL;
 
 using nlohmann::json;
 
@@ -321,6 +329,22 @@ std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag
   return out;
 }
 
+std::vector<float> reservoir_rows(const CalibFile& c, const HeadDecision& dec, int64_t n) {
+  const auto sh = c.shape();
+  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
+  KVQ_ASSERT(n >= 0 && n <= int64_t(c.reservoir.size()));
+  const codec::RopeSpec rope = calib_rope(c);
+  const auto& src = dec.side == Side::kK ? c.reservoir.k : c.reservoir.v;
+  const size_t l = size_t(dec.layer), h = size_t(dec.kv_head);
+  std::vector<float> x(size_t(n) * size_t(d));
+  for (int64_t t = 0; t < n; ++t) {
+    float* row = x.data() + size_t(t) * size_t(d);
+    std::copy_n(src.data() + ((size_t(t) * size_t(L) + l) * size_t(H) + h) * size_t(d), d, row);
+    if (dec.post_rope) codec::reference_apply_rope(row, d, c.reservoir.source[size_t(2 * t + 1)], rope);
+  }
+  return x;
+}
+
 NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecision& dec, int measure_tokens) {
   KVQ_ASSERT(dec.kind == CodingKind::kTqGroups);
   const auto sh = c.shape();
@@ -331,14 +355,8 @@ NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecisi
   const int64_t nq = std::min<int64_t>(n, kNormCorrectionQueries);
   const codec::RopeSpec rope = calib_rope(c);
   const bool k_side = dec.side == Side::kK;
-  const auto& src = k_side ? c.reservoir.k : c.reservoir.v;
-  const size_t l = size_t(dec.layer), h = size_t(dec.kv_head);
-  std::vector<float> x(size_t(n) * size_t(d));
-  for (int64_t t = 0; t < n; ++t) {
-    float* row = x.data() + size_t(t) * size_t(d);
-    std::copy_n(src.data() + ((size_t(t) * size_t(L) + l) * size_t(H) + h) * size_t(d), d, row);
-    if (dec.post_rope) codec::reference_apply_rope(row, d, c.reservoir.source[size_t(2 * t + 1)], rope);
-  }
+  const size_t h = size_t(dec.kv_head), l = size_t(dec.layer);
+  const std::vector<float> x = reservoir_rows(c, dec, n);
   // Queries (K only): the group's query heads, rotated at their own positions.
   std::vector<double> q;
   if (k_side) {
@@ -386,6 +404,8 @@ AllocFile run_allocate(const AllocateOptions& o) {
   if (o.rotate_below < 0 || o.rotate_below > 9)
     throw Error("", "--rotate-below", "must be in 0..9 (bits; 0: rotate every group), got " + std::to_string(o.rotate_below));
   if (!(o.bpd > 0) || !std::isfinite(o.bpd)) throw Error("", "--bpd", "must be > 0, got " + std::to_string(o.bpd));
+  if (o.ratio_bits < 1 || o.ratio_bits > 8)
+    throw Error("", "--ratio-bits", "must be in 1..8 (the head norm keeps 16 - k bits), got " + std::to_string(o.ratio_bits));
   if (o.codebook != TqCodebook::kGaussian && o.codebook != TqCodebook::kSphere)
     throw Error("", "--codebook", "unknown value " + std::to_string(static_cast<uint32_t>(o.codebook)));
   if (o.codebook == TqCodebook::kSphere) {
@@ -410,7 +430,8 @@ AllocFile run_allocate(const AllocateOptions& o) {
   if (!layer_precision && v_bpd > o.b_max) throw Error("", "--v-bpd", std::to_string(v_bpd) + " is above b_max " + std::to_string(o.b_max));
 
   const bool needs_samples = o.method == Method::kCobraMeasured || o.v_method == Method::kCobraMeasured ||
-                             layer_precision || o.norm_correction == NormCorrectionMode::kAuto;
+                             layer_precision || o.norm_correction == NormCorrectionMode::kAuto ||
+                             o.group_norms == AllocateOptions::GroupNorms::kCompact;
   CalibFile c = read_calib(o.calib, needs_samples);
   if (!c.complete())
     throw Error(o.calib, "/windows@windows_done",
@@ -454,6 +475,11 @@ AllocFile run_allocate(const AllocateOptions& o) {
               {"joint_kv", o.joint_kv}};
   if (layer_precision) a.params["formats"] = o.formats;
   if (o.codebook == TqCodebook::kSphere) a.params["codebook"] = "exact";  // absent = gaussian (bytes unchanged)
+  const bool compact = o.group_norms == AllocateOptions::GroupNorms::kCompact;
+  if (compact) {  // absent = fp16 (bytes unchanged)
+    a.params["group_norms"] = "compact";
+    a.params["ratio_bits"] = o.ratio_bits;
+  }
 
   if (o.joint_kv) {
     alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
@@ -489,6 +515,10 @@ AllocFile run_allocate(const AllocateOptions& o) {
   if (nc_auto && !nc_measured)
     spdlog::warn("{}: no reservoir rows: --norm-correction auto falls back to on for every TQ head", o.calib);
   json nc_table = json::array();
+  const bool compact_fit = compact && c.reservoir.size() > 0;
+  if (compact && !compact_fit)
+    spdlog::warn("{}: no reservoir rows: --group-norms compact keeps one fp16 norm per group", o.calib);
+  std::vector<HeadDecision*> to_fit;
   for (auto& h : a.heads) {
     if (h.kind != CodingKind::kTqGroups) continue;
     for (auto& g : h.groups) {
@@ -496,6 +526,46 @@ AllocFile run_allocate(const AllocateOptions& o) {
       const int m = static_cast<int>(g.dims.size());
       if (o.codebook == TqCodebook::kSphere && m >= 2 && m <= kTqSphereMaxM) g.codebook = TqCodebook::kSphere;
     }
+    if (compact_fit && h.groups.size() >= 2) to_fit.push_back(&h);
+  }
+  // Compact group norms, one head per task (each fit is deterministic: any thread count gives the
+  // same file).
+  std::vector<codec::CompactNormFit> fits(to_fit.size());
+  {
+    std::atomic<size_t> next{0};
+    std::exception_ptr failed;
+    std::mutex failed_mu;
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < to_fit.size();) {
+        try {
+          HeadDecision& h = *to_fit[i];
+          const int64_t n = std::min<int64_t>(c.reservoir.size(), codec::kCompactFitMaxRows);
+          const std::vector<float> rows = reservoir_rows(c, h, n);
+          fits[i] = codec::fit_compact_group_norms(h, sh.head_dim, rows.data(), n, o.ratio_bits,
+                                                   alloc::derive_seed(o.seed, h.layer, h.kv_head, h.side, kRatioSeedTag));
+        } catch (...) {
+          const std::lock_guard<std::mutex> lock(failed_mu);
+          if (!failed) failed = std::current_exception();
+        }
+      }
+    };
+    const size_t n_threads = std::min<size_t>(
+        to_fit.size(), o.threads > 0 ? size_t(o.threads) : std::max(1u, std::thread::hardware_concurrency()));
+    std::vector<std::thread> pool;
+    for (size_t i = 1; i < n_threads; ++i) pool.emplace_back(work);
+    if (!to_fit.empty()) work();
+    for (auto& t : pool) t.join();
+    if (failed) std::rethrow_exception(failed);
+  }
+  const int n_compact = static_cast<int>(fits.size());
+  double rel_sum = 0, rel_max = 0, rel16_sum = 0;
+  for (const auto& fit : fits) {
+    rel_sum += fit.rel_rms;
+    rel16_sum += fit.rel_rms_fp16;
+    rel_max = std::max(rel_max, fit.rel_rms);
+  }
+  for (auto& h : a.heads) {
+    if (h.kind != CodingKind::kTqGroups) continue;
     h.norm_correction = o.norm_correction != NormCorrectionMode::kOff;
     if (nc_measured) {  // after the groups' rotation and codebook: measured as it will be coded
       const NormCorrectionChoice ch = choose_norm_correction(c, h, o.measure_tokens);
@@ -515,6 +585,18 @@ AllocFile run_allocate(const AllocateOptions& o) {
         {"heads_on", n_on},
         {"heads", nc_table}};
     spdlog::info("--norm-correction auto: on for {} of {} TQ heads", n_on, nc_table.size());
+  }
+  if (compact_fit) {
+    a.summary["group_norms"] = {
+        {"ratio_bits", o.ratio_bits},
+        {"heads_compact", n_compact},
+        {"rel_rms_mean", n_compact ? rel_sum / n_compact : 0.0},
+        {"rel_rms_max", rel_max},
+        {"rel_rms_fp16_mean", n_compact ? rel16_sum / n_compact : 0.0},
+        {"rel_rms", "sqrt(sum (rho_g - rho~_g)^2 / sum rho^2) over the fitted reservoir rows"}};
+    spdlog::info("--group-norms compact: {} TQ heads, norms' relative RMS error {:.2e} mean, {:.2e} max (fp16 per "
+                 "group: {:.2e})",
+                 n_compact, n_compact ? rel_sum / n_compact : 0.0, rel_max, n_compact ? rel16_sum / n_compact : 0.0);
   }
   a.k_bpd_effective = side_effective_bpd(a.heads, Side::kK, sh.head_dim);
   a.v_bpd_effective = side_effective_bpd(a.heads, Side::kV, sh.head_dim);

@@ -317,6 +317,29 @@ std::string alloc_summary_text(const AllocFile& a, const std::string& path, cons
     for (const auto& [k, v] : a.params.items()) ps += (ps.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
     s += "  params       " + ps + "\n";
   }
+  {  // side information of TQ heads with several groups: fp16 per group or the compact record
+    int n_multi = 0, n_compact = 0, k = 0;
+    for (const auto& h : a.heads) {
+      if (h.kind != CodingKind::kTqGroups || h.groups.size() < 2) continue;
+      ++n_multi;
+      if (h.ratio_bits > 0) ++n_compact, k = h.ratio_bits;
+    }
+    if (n_multi > 0) {
+      s += "  group norms  ";
+      if (n_compact == 0) {
+        s += "fp16 per group on " + std::to_string(n_multi) + " TQ heads";
+      } else {
+        s += "compact on " + std::to_string(n_compact) + " of " + std::to_string(n_multi) +
+             " multi-group TQ heads: one 16-bit record per token (head norm " + std::to_string(16 - k) +
+             " bits + ratio index " + std::to_string(k) + " bits)";
+        if (a.summary.is_object() && a.summary.contains("group_norms"))
+          s += "; norms' relative RMS error " + fmt(jnum(a.summary["group_norms"], "rel_rms_mean")) + " mean, " +
+               fmt(jnum(a.summary["group_norms"], "rel_rms_max")) + " max (fp16: " +
+               fmt(jnum(a.summary["group_norms"], "rel_rms_fp16_mean")) + ")";
+      }
+      s += "\n";
+    }
+  }
   for (Side side : {Side::kK, Side::kV}) {
     if (!has_side(a, side)) continue;
     const char* key = summary_key(a, side);

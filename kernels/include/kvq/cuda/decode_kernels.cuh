@@ -57,6 +57,10 @@ DevHead make_dev_head(const codec::HeadCodec& c, Upload&& upload) {
       v.dims = upload(dims);
       v.group_of = upload(group_of);
       v.norm_correction = c.decision().norm_correction ? 1u : 0u;
+      if (c.layout().ratio_bits > 0) {
+        v.norm_levels = upload(c.norm_levels());
+        v.ratios = upload(c.ratio_codebook());
+      }
       break;
     }
     case CodingKind::kLowRankHadamard:

@@ -41,7 +41,15 @@ struct DevHead {
   const float* mean;                        // low-rank: [d]
   float step_unit;                          // low-rank: step*(b) / sqrt(r)
   uint32_t norm_correction;                 // TQ: 1 = latent rho~ / ||c|| * c (HeadDecision)
+  const float* norm_levels;                 // TQ compact group norms (L.ratio_bits > 0): levels
+  const float* ratios;                      // TQ compact group norms: [2^k][n_groups]
 };
+
+// rho~ of TQ group g of the token whose block is blk: the fp16 record or the compact one
+// (layout::tq_group_norm, the same float operations as the CPU decoder).
+__device__ inline float tq_rho(const DevHead& h, const uint8_t* blk, uint32_t g) {
+  return layout::tq_group_norm(h.L, blk, g, h.norm_levels, h.ratios);
+}
 
 // Copies a DevHead from global memory into shared memory (word by word), then synchronises.
 __device__ inline void load_head(const DevHead* g, DevHead* s) {
@@ -64,7 +72,7 @@ __device__ inline float tq_norm_scale(const DevHead& h, const uint8_t* blk, uint
     const float c = cb[layout::get_code(stream, tb + G.code_bit_offset + j * G.bits, G.bits)];
     n2 += c * c;
   }
-  const float rho = layout::f16_to_f32(layout::load_u16le(blk + 2 * g));
+  const float rho = tq_rho(h, blk, g);
   return n2 > 0.f ? rho / sqrtf(n2) : 0.f;
 }
 
@@ -79,8 +87,7 @@ __device__ inline float latent_value(const DevHead& h, const uint8_t* base, uint
   if (L.kind == layout::kKindTqGroups) {
     const uint32_t g = h.group_of[k];
     const layout::LayoutGroup& G = L.groups[g];
-    const float rho = h.norm_correction ? tq_norm_scale(h, blk, tb, g)
-                                        : layout::f16_to_f32(layout::load_u16le(blk + 2 * g));
+    const float rho = h.norm_correction ? tq_norm_scale(h, blk, tb, g) : tq_rho(h, blk, g);
     const uint32_t code =
         layout::get_code(stream, tb + G.code_bit_offset + (k - h.latent_off[g]) * G.bits, G.bits);
     return rho * h.codebook[h.cb_off[g] + code];
@@ -140,7 +147,7 @@ __device__ inline void decode_latent_tile(const DevHead& h, const uint8_t* base,
         n2 += c * c;
       }
       for (int o = 16; o > 0; o >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, o);
-      const float rho = layout::f16_to_f32(layout::load_u16le(blk + 2 * g));
+      const float rho = tq_rho(h, blk, g);
       const float s = n2 > 0.f ? rho / sqrtf(n2) : 0.f;
       for (int j = lane; j < (int)G.dim; j += 32) wt[j] *= s;  // each lane rescales its own writes
     }

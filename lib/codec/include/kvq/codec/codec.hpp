@@ -12,6 +12,13 @@
 //                   group takes the recorded table too); decode x_D = rho~ Pi_g^T c, or with the decision's
 //                   norm_correction x_D = s Pi_g^T c, s = float(rho~ / ||c||) (||c|| summed in
 //                   double over the group's centroids); the latent is then s * c.
+//                   Compact group norms (ratio_bits = k > 0): one 16-bit record per token, the
+//                   head norm rho = ||x|| as the nearest of tq_compact_levels (linear distance,
+//                   the lower level on a tie) and the ratio vector index j maximising
+//                   sum_g (rho_g / rho) C[j][g] (double; the lowest j on a tie); then
+//                   rho~_g = level * C[j][g] (float) takes the place of the fp16 norm: the codes
+//                   quantize Pi_g x_D / rho~_g (so, as with fp16 norms, they do not depend on
+//                   norm correction) and decode as above.
 //  kLowRankHadamard y = U_r^T (x - mu); z = H P D y (hadamard.hpp); rho = ||z|| as fp16;
 //                   step = rho~ * step*(b) / sqrt(r) (step*(b) the MSE-optimal uniform step for
 //                   N(0,1)); code = clamp(floor(z / step) + 2^(b-1), 0, 2^b - 1);
@@ -84,6 +91,10 @@ class HeadCodec {
     std::vector<float> thresholds;     // 2^bits - 1
   };
   const std::vector<TqGroupTables>& tq_groups() const { return groups_; }
+  // Compact group norms (decision().ratio_bits > 0): the head-norm levels (tq_compact_levels) and
+  // the ratio codebook [2^k][n_groups]; both empty otherwise.
+  const std::vector<float>& norm_levels() const { return norm_levels_; }
+  const std::vector<float>& ratio_codebook() const { return dec_.ratio_codebook; }
   const std::vector<float>& folded_basis() const { return folded_; }  // M = H P D U_r^T, [r][d]
   const std::vector<float>& mean() const { return mean_; }            // [d]
   float step_unit() const { return step_unit_; }                      // step*(b) / sqrt(r)
@@ -100,6 +111,7 @@ class HeadCodec {
   layout::PackedLayout layout_{};
   std::vector<TqGroupTables> groups_;
   bool tq_identity_dims_ = false;  // a single group with dims 0..d-1: no scatter
+  std::vector<float> norm_levels_;  // compact group norms only
   std::vector<float> folded_, folded_t_, mean_;  // M [r][d], M^T [d][r], mu [d]
   float step_unit_ = 0.f;
 };

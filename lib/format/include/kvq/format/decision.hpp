@@ -134,6 +134,17 @@ struct HeadDecision {
   // one value, or, version 3, one per TQ head when they differ).
   bool norm_correction = false;
   std::vector<int> block_bits;  // per RoPE block, for reporting (Block-GTQ K); empty otherwise
+  // Compact group norms (allocation format version 4; kvq-allocate --group-norms compact): instead
+  // of one fp16 norm per group, each token stores one 16-bit record = the head norm rho = ||x|| as
+  // a level code of 16 - ratio_bits bits plus the index of the nearest ratio vector
+  // (rho_1, ..., rho_G) / rho in ratio_codebook (ratio_bits bits); group g decodes with
+  // rho~_g = level(code) * ratio_codebook[index][g]. Levels: 0 -> 0, q >= 1 ->
+  // 2^(norm_log2_lo + (q - 1) * norm_log2_step) (tq_compact_levels). 0 = fp16 per group (the
+  // default, and every file before version 4). Needs >= 2 groups.
+  int ratio_bits = 0;
+  float norm_log2_lo = 0.f;
+  float norm_log2_step = 0.f;
+  std::vector<float> ratio_codebook;  // [2^ratio_bits][groups.size()] row-major, finite, >= 0
 
   // kLowRankHadamard
   int rank = 0;

@@ -127,7 +127,24 @@ inline PackedLayout layout_ignoring_payload(const HeadDecision& dec, int head_di
       }
       for (int c = 0; c < head_dim; ++c)
         if (seen[c] < 0) bad_decision(dec, "groups", "coordinate " + std::to_string(c) + " is in no group");
-      return make_tq_layout(side, d, dims, bits, static_cast<uint32_t>(dec.groups.size()));
+      if (dec.ratio_bits != 0) {
+        if (dec.ratio_bits < 1 || dec.ratio_bits > static_cast<int>(kMaxRatioBits))
+          bad_decision(dec, "ratio_bits", "must be in 0..8, got " + std::to_string(dec.ratio_bits));
+        if (dec.groups.size() < 2)
+          bad_decision(dec, "ratio_bits", "compact group norms need >= 2 groups, the head has 1");
+        if (!std::isfinite(dec.norm_log2_lo) || !std::isfinite(dec.norm_log2_step) || !(dec.norm_log2_step > 0.f))
+          bad_decision(dec, "norm_log2_step", "compact norm levels need a finite lo and a step > 0, got lo " +
+                                                  std::to_string(dec.norm_log2_lo) + ", step " +
+                                                  std::to_string(dec.norm_log2_step));
+        // The top level must stay a finite float: 2^(lo + (2^(16-k) - 2) step) < 2^128.
+        const double top = double(dec.norm_log2_lo) +
+                           double((1u << (kCompactRecordBits - dec.ratio_bits)) - 2u) * double(dec.norm_log2_step);
+        if (!(top < 127.0) || !(dec.norm_log2_lo > -149.0))
+          bad_decision(dec, "norm_log2_lo", "compact norm levels span 2^" + std::to_string(dec.norm_log2_lo) +
+                                                " .. 2^" + std::to_string(top) + ", outside a float's range");
+      }
+      return make_tq_layout(side, d, dims, bits, static_cast<uint32_t>(dec.groups.size()),
+                            static_cast<uint32_t>(dec.ratio_bits));
     }
     case CodingKind::kLowRankHadamard:
       if (dec.rank < 1 || dec.rank > head_dim)
@@ -167,7 +184,29 @@ inline PackedLayout layout_for(const HeadDecision& dec, int head_dim) {
     for (size_t i = 0; i < dec.mean.size(); ++i)
       if (!std::isfinite(dec.mean[i])) detail::bad_decision(dec, "mean", "non-finite value at " + std::to_string(i));
   }
+  if (dec.kind == CodingKind::kTqGroups && dec.ratio_bits > 0) {
+    const size_t want = (size_t{1} << dec.ratio_bits) * dec.groups.size();
+    if (dec.ratio_codebook.size() != want)
+      detail::bad_decision(dec, "ratio_codebook", "has " + std::to_string(dec.ratio_codebook.size()) +
+                                                      " values, expected 2^ratio_bits * groups = " + std::to_string(want));
+    for (size_t i = 0; i < dec.ratio_codebook.size(); ++i)
+      if (!(std::isfinite(dec.ratio_codebook[i]) && dec.ratio_codebook[i] >= 0.f))
+        detail::bad_decision(dec, "ratio_codebook", "value at " + std::to_string(i) + " is not finite and >= 0");
+  }
   return L;
+}
+
+// The head-norm levels of a compact TQ decision (HeadDecision::ratio_bits > 0): 2^(16 - k) floats,
+// level 0 = 0, level q >= 1 = float(2^(lo + (q - 1) step)) computed in double; increasing. Every
+// coder (CPU encoder and decoder, the CUDA tables) uses this one table. Empty when ratio_bits == 0.
+inline std::vector<float> tq_compact_levels(const HeadDecision& dec) {
+  std::vector<float> lv;
+  if (dec.ratio_bits <= 0) return lv;
+  lv.resize(size_t{1} << (kCompactRecordBits - static_cast<uint32_t>(dec.ratio_bits)));
+  lv[0] = 0.f;
+  for (size_t q = 1; q < lv.size(); ++q)
+    lv[q] = static_cast<float>(std::exp2(double(dec.norm_log2_lo) + double(q - 1) * double(dec.norm_log2_step)));
+  return lv;
 }
 
 // Effective bits per dimension of the decision's packed layout (every stored bit per token per

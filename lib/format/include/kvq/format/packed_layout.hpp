@@ -35,6 +35,13 @@ constexpr uint32_t kSideV = 1;
 struct NormRecord {  // TQ group norm rho = ||x_g||, or the low-rank latent norm ||y||
   uint16_t norm_fp16;
 };
+// TQ with compact group norms (PackedLayout::ratio_bits = k in 1..8): one 16-bit record per token
+// instead of one fp16 norm per group, little-endian, [bits 0..15-k: the head norm's level code |
+// bits 16-k..15: the index of the group-norm ratio vector]. Group g's norm decodes as
+// norm_levels[level] * ratios[index * n_groups + g] (one float multiply, the same on host and
+// device); both tables come with the decision (tq_compact_levels, HeadDecision::ratio_codebook).
+constexpr uint32_t kCompactRecordBits = 16;
+constexpr uint32_t kMaxRatioBits = 8;
 static_assert(sizeof(NormRecord) == 2, "NormRecord is 2 bytes on disk");
 
 struct KiviRecord {  // KIVI asymmetric quantizer: x_hat = code * scale + zero
@@ -70,9 +77,10 @@ struct PackedLayout {
   uint32_t code_bits_per_token;  // sum of dim*bits over the codes of one token
   uint32_t block_bytes;          // stride between blocks, a multiple of kBlockAlign
   uint32_t n_groups;             // TQ groups in `groups`; 0 otherwise
+  uint32_t ratio_bits;           // TQ: 0 = one fp16 norm per group; k in 1..8 = compact record
   LayoutGroup groups[kMaxGroups];
 };
-static_assert(sizeof(PackedLayout) == 48 + 8 * kMaxGroups, "PackedLayout is copied to the GPU");
+static_assert(sizeof(PackedLayout) == 52 + 8 * kMaxGroups, "PackedLayout is copied to the GPU");
 
 KVQ_HD uint32_t align_up(uint32_t n, uint32_t a) { return (n + a - 1) / a * a; }
 KVQ_HD uint32_t bytes_for_bits(uint64_t bits) { return (uint32_t)((bits + 7) / 8); }
@@ -87,11 +95,13 @@ KVQ_HD void finish_block(PackedLayout& L) {
   L.block_bytes = align_up(L.meta_bytes + bytes_for_bits(code_bits), kBlockAlign);
 }
 
-// TQ-MSE on n_groups coordinate groups: records = one fp16 norm per group (group order); codes =
-// group 0's dim codes, then group 1's, ... Preconditions (checked by the host builder in
-// kvq/format/decision_layout.hpp): 1 <= n_groups <= kMaxGroups, bits in [1, 8], sum of dims == head_dim.
+// TQ-MSE on n_groups coordinate groups: records = one fp16 norm per group (group order), or with
+// ratio_bits > 0 one compact 16-bit record (kCompactRecordBits); codes = group 0's dim codes, then
+// group 1's, ... Preconditions (checked by the host builder in kvq/format/decision_layout.hpp):
+// 1 <= n_groups <= kMaxGroups, bits in [1, 8], sum of dims == head_dim, ratio_bits in 0..8
+// (> 0 only with n_groups >= 2).
 KVQ_HD PackedLayout make_tq_layout(uint32_t side, uint32_t head_dim, const uint16_t* dims,
-                                   const uint8_t* bits, uint32_t n_groups) {
+                                   const uint8_t* bits, uint32_t n_groups, uint32_t ratio_bits = 0) {
   PackedLayout L = empty_layout();
   L.kind = kKindTqGroups;
   L.side = side;
@@ -99,8 +109,9 @@ KVQ_HD PackedLayout make_tq_layout(uint32_t side, uint32_t head_dim, const uint1
   L.code_dim = head_dim;
   L.tokens_per_block = 1;
   L.n_groups = n_groups;
-  L.n_records = n_groups;
-  L.meta_bytes = n_groups * (uint32_t)sizeof(NormRecord);
+  L.ratio_bits = ratio_bits;
+  L.n_records = ratio_bits > 0 ? 1u : n_groups;
+  L.meta_bytes = L.n_records * (uint32_t)sizeof(NormRecord);
   uint32_t off = 0;
   for (uint32_t g = 0; g < n_groups; ++g) {
     L.groups[g].dim = dims[g];
@@ -282,5 +293,21 @@ KVQ_HD float f16_to_f32(uint16_t h) {
 }
 
 constexpr float kF16Max = 65504.0f;
+
+// ---- TQ group norms --------------------------------------------------------------------------
+
+// Bits of the head norm's level code in a compact record.
+KVQ_HD uint32_t tq_level_bits(const PackedLayout& L) { return kCompactRecordBits - L.ratio_bits; }
+
+// Group g's norm rho~_g from the token's block: the fp16 record g, or (compact) the head norm's
+// level times the ratio vector's entry g. norm_levels / ratios are unused (may be null) when
+// L.ratio_bits == 0.
+KVQ_HD float tq_group_norm(const PackedLayout& L, const uint8_t* blk, uint32_t g, const float* norm_levels,
+                           const float* ratios) {
+  if (L.ratio_bits == 0) return f16_to_f32(load_u16le(blk + 2 * g));
+  const uint32_t w = load_u16le(blk);
+  const uint32_t nb = tq_level_bits(L);
+  return norm_levels[w & ((1u << nb) - 1u)] * ratios[(w >> nb) * L.n_groups + g];
+}
 
 }  // namespace kvq::layout

@@ -29,7 +29,7 @@ inline constexpr const char* kAllocFormat = "kvq-allocation";
 // that differ in norm correction: 3), so
 // kvq builds that read only older versions still read every file they can understand and refuse
 // the others by version; files without the newer fields keep their bytes.
-inline constexpr int64_t kAllocVersion = 3;
+inline constexpr int64_t kAllocVersion = 4;
 inline constexpr int64_t kAllocOldestVersion = 1;
 inline constexpr int64_t kAllocMinifloatVersion = 2;
 inline constexpr int64_t kAllocNormCorrectionVersion = 2;
@@ -39,6 +39,10 @@ inline constexpr int64_t kAllocGroupRotationVersion = 2;  // tq-groups groups[].
 inline constexpr int64_t kAllocGroupCodebookVersion = 3;
 // tq-groups heads[].norm_correction (per head; written only when the TQ heads differ); refused in 1, 2
 inline constexpr int64_t kAllocHeadNormCorrectionVersion = 3;
+// tq-groups heads[].group_norms (compact group norms: one 16-bit record per token, the ratio
+// codebook in /tensors); written only for such heads, refused in 1..3 (a version-3 reader would read
+// the record as group 0's fp16 norm and every other group's norm from the codes: wrong, silently)
+inline constexpr int64_t kAllocCompactNormsVersion = 4;
 
 struct AllocFile {
   std::string method;            // K method name, e.g. "block-gtq"

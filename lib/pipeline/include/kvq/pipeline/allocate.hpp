@@ -49,6 +49,15 @@ struct AllocateOptions {
   // Gaussian one is); larger groups stay kGaussian (recorded per group). Needs a TQ method
   // (uniform or block-gtq) on K or V.
   TqCodebook codebook = TqCodebook::kGaussian;
+  // TQ heads of >= 2 groups (Block-GTQ): one fp16 norm per group (kFp16), or one 16-bit record per
+  // token (kCompact: the head norm as a level code plus the index of its group-norm ratio vector
+  // in a 2^ratio_bits codebook fitted to the calibration reservoir, codec::fit_compact_group_norms),
+  // so Block-GTQ stores exactly uniform TQ-MSE's side information (--group-norms, --ratio-bits).
+  // kCompact needs reservoir rows; without them the heads keep fp16 norms (logged).
+  enum class GroupNorms { kFp16, kCompact };
+  GroupNorms group_norms = GroupNorms::kCompact;
+  int ratio_bits = 8;
+  int threads = 0;  // threads for the per-head fits (0 = all cores)
   // Block-GTQ
   int b_min = 1, b_max = 8;
   // Lloyd-Max MSE per width instead of 4^-b: with the Gaussian codebook lloyd_max_gaussian(b).mse;
@@ -85,6 +94,10 @@ struct NormCorrectionChoice {
   bool on = false;
 };
 NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecision& dec, int measure_tokens);
+
+// The calibration reservoir's first n rows of dec's (layer, KV head, side), [n][d], as the codec
+// sees them: K rotated by RoPE at each row's position when dec.post_rope.
+std::vector<float> reservoir_rows(const CalibFile& c, const HeadDecision& dec, int64_t n);
 
 // Reads the calibration file, allocates, writes opts.out atomically; returns what was written.
 AllocFile run_allocate(const AllocateOptions& opts);
