@@ -11,7 +11,7 @@ int main(int argc, char** argv) {
       "kvq-eval: perplexity of a model on held-out text with K and V coded -> decoded by the real codec\n"
       "inside the forward (every layer, every token, each token coded once when written to the cache),\n"
       "against the fp32 forward and a uniform TQ-MSE baseline at the allocation's nominal bpd (--match effective:\n"
-      "at the fewest whole bits whose effective bpd, norms included, is at least the allocation's).\n"
+      "at the nearest effective bpd, norms included, at least the allocation's).\n"
       "  kvq-eval --model data/kvq-demo-llama --alloc a.kvqalloc.h5 --text heldout.txt --calib cal.kvqcal.h5\n"
       "Sliding windows: each window is BOS + window-1 text tokens, advanced by --stride; every text token\n"
       "is scored once. --sink N --recent M keep the window's first N positions and, for each query, the\n"
@@ -47,8 +47,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"whole", "stream"}))
       ->each([&](const std::string& v) { o.stream = v == "stream"; });
   app.add_option("--match", o.match,
-                 "baseline budget: nominal (the allocation's nominal bits) or effective (per side the fewest whole "
-                 "bits whose effective bpd, side information included, is >= the allocation's)")
+                 "baseline budget: nominal (the allocation's nominal bits) or effective (per side the whole bits with "
+                 "the smallest effective bpd, side information included, >= the allocation's; the most such bits)")
       ->default_val(o.match)
       ->check(CLI::IsMember({"nominal", "effective"}));
   app.add_option("--window", o.window, "tokens per window, BOS included (default: the model's maximum)")

@@ -23,8 +23,8 @@ int main(int argc, char** argv) {
   app.add_option("--baseline-k-bpd", o.baseline_k_bpd, "baseline K bits (default: the allocation's nominal)");
   app.add_option("--baseline-v-bpd", o.baseline_v_bpd, "baseline V bits (default: the allocation's nominal)");
   app.add_option("--match", o.match,
-                 "baseline budget: nominal (the allocation's nominal bits) or effective (per side the fewest whole "
-                 "bits whose effective bpd, side information included, is >= the allocation's)")
+                 "baseline budget: nominal (the allocation's nominal bits) or effective (per side the whole bits with "
+                 "the smallest effective bpd, side information included, >= the allocation's; the most such bits)")
       ->default_val(o.match)->check(CLI::IsMember({"nominal", "effective"}));
   app.add_flag("!--no-cuda", o.cuda, "skip the CUDA decoder check even when a GPU is present");
   app.add_option("--json", json_out, "write the full report as JSON");

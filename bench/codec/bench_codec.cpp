@@ -2,7 +2,10 @@
 // "Decoded bytes" are the fp32 bytes the decoder writes (T * d * 4); memcpy copies a buffer of the
 // same size. Counters: decode_GBps, memcpy_GBps, ratio (goal >= 0.25), packed_GBps (bytes read).
 // Cases: TQ-MSE uniform 3 bits d = 128 (full decode, and latent only: what the fused attention
-// consumes per key), the low-rank path (r = 64, b = 3 and r = 32, b = 4, d = 128), KIVI V 2 bits.
+// consumes per key), the low-rank path (r = 64, b = 3 and r = 32, b = 4, d = 128), KIVI V 2 bits,
+// Block-GTQ-shaped heads (RoPE blocks at 2/3/4 bits in turn, d = 128) with one fp16 norm per group
+// and with compact group norms (--group-norms compact: one 16-bit record, 8 ratio bits), decode
+// and encode, so their ratio is read from one run.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -14,6 +17,7 @@
 #include <time.h>
 
 #include "kvq/codec/codec.hpp"
+#include "kvq/codec/group_norms.hpp"
 #include "kvq/util/rng.hpp"
 
 namespace {
@@ -93,6 +97,27 @@ HeadDecision kivi_v(int bits) {
   return dec;
 }
 
+// RoPE blocks (i, i + d/2) at widths 2, 3, 4 in turn: three groups, as Block-GTQ K forms them.
+HeadDecision gtq(bool compact) {
+  HeadDecision dec;
+  dec.kind = CodingKind::kTqGroups;
+  dec.post_rope = true;
+  for (int w = 0; w < 3; ++w) {
+    kvq::TqGroup g;
+    g.bits = 2 + w;
+    g.rotation_seed = 10 + static_cast<uint64_t>(w);
+    for (int i = w; i < kD / 2; i += 3) g.dims.push_back(i), g.dims.push_back(i + kD / 2);
+    dec.groups.push_back(g);
+  }
+  if (compact) {
+    std::vector<float> rows = gaussian(static_cast<size_t>(4096) * kD, 6);
+    for (size_t t = 0; t < 4096; ++t)
+      for (int i = 0; i < kD; ++i) rows[t * kD + i] *= 1.f + static_cast<float>((i + t) % 5);
+    kvq::codec::fit_compact_group_norms(dec, kD, rows.data(), 4096, 8, 7);
+  }
+  return dec;
+}
+
 void run(benchmark::State& state, const HeadDecision& dec, bool latent_only) {
   const HeadCodec codec(dec, kD);
   const std::vector<float> x = gaussian(static_cast<size_t>(kTokens) * kD, 4);
@@ -137,8 +162,11 @@ void BM_DecodeLowRank64x3(benchmark::State& s) { run(s, lowrank(64, 3), false); 
 void BM_DecodeLowRank32x4(benchmark::State& s) { run(s, lowrank(32, 4), false); }
 void BM_DecodeKiviV2(benchmark::State& s) { run(s, kivi_v(2), false); }
 
-void BM_EncodeTq3(benchmark::State& state) {
-  const HeadCodec codec(tq(3), kD);
+void BM_DecodeGtqFp16Norms(benchmark::State& s) { run(s, gtq(false), false); }
+void BM_DecodeGtqCompactNorms(benchmark::State& s) { run(s, gtq(true), false); }
+
+void encode_bench(benchmark::State& state, const HeadDecision& dec) {
+  const HeadCodec codec(dec, kD);
   const int n = 1024;
   const std::vector<float> x = gaussian(static_cast<size_t>(n) * kD, 5);
   std::vector<uint8_t> packed(codec.packed_bytes(n));
@@ -147,7 +175,11 @@ void BM_EncodeTq3(benchmark::State& state) {
     benchmark::DoNotOptimize(packed.data());
   }
   state.SetItemsProcessed(static_cast<int64_t>(n) * state.iterations());
+  state.counters["bpd"] = codec.effective_bpd();
 }
+void BM_EncodeTq3(benchmark::State& s) { encode_bench(s, tq(3)); }
+void BM_EncodeGtqFp16Norms(benchmark::State& s) { encode_bench(s, gtq(false)); }
+void BM_EncodeGtqCompactNorms(benchmark::State& s) { encode_bench(s, gtq(true)); }
 
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMicrosecond)->MeasureProcessCPUTime();
 BENCHMARK(BM_DecodeTq3)->Unit(benchmark::kMicrosecond);
@@ -155,7 +187,11 @@ BENCHMARK(BM_DecodeTq3Latent)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeLowRank64x3)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeLowRank32x4)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_DecodeKiviV2)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeGtqFp16Norms)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecodeGtqCompactNorms)->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_EncodeTq3)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EncodeGtqFp16Norms)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_EncodeGtqCompactNorms)->Unit(benchmark::kMicrosecond);
 
 }  // namespace
 

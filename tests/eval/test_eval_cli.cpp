@@ -289,15 +289,20 @@ double layout_bpd(const HeadDecision& h, int d) {
   }
   return double(align2(2 * records + (code_bits + 7) / 8)) * 8 / d;
 }
-// The fewest whole bits 1..8 whose uniform (one group, one norm) effective bpd reaches target.
+// Of the whole bits 1..8 whose uniform (one group, one norm) effective bpd reaches target, those
+// with the smallest effective bpd, the widest of them (every pair compared).
 int brute_force_uniform_bits(double target, int d, double* eff) {
-  for (int b = 1; b <= 8; ++b)
-    if ((*eff = double(align2(2 + (long(d) * b + 7) / 8)) * 8 / d) >= target - 1e-9) return b;
-  return 0;
+  int best = 0;
+  for (int b = 1; b <= 8; ++b) {
+    const double e = double(align2(2 + (long(d) * b + 7) / 8)) * 8 / d;
+    if (e < target - 1e-9) continue;
+    if (best == 0 || e < *eff - 1e-9 || (std::fabs(e - *eff) <= 1e-9 && b > best)) best = b, *eff = e;
+  }
+  return best;
 }
 }  // namespace
 
-// --match effective: the uniform baseline's bits per side are the brute-force fewest whole bits
+// --match effective: the uniform baseline's bits per side are the brute-force smallest-bytes widest whole bits
 // whose effective bpd reaches the allocation's; the report says so (eval_version 2, schema-valid).
 TEST(EvalCli, MatchEffectiveBaselineBudget) {
   REQUIRE_TEXTS();

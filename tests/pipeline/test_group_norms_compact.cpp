@@ -2,7 +2,8 @@
 // effective bits equal uniform TQ-MSE's at the same nominal bits (issue 14's goal: within 0.1 bpd
 // at d >= 64; here exactly, and at d = 8 too); the held-out RoPE-logit MAE kvq-verify measures
 // stays within 6 % of fp16 group norms on every layer; at equal effective bits (kvq-verify --match
-// effective) Block-GTQ beats uniform on every layer of the demo model; the file is the same for any
+// effective) Block-GTQ beats uniform on every layer of the demo model at K2 and K3 and of
+// stories260K at K2; the file is the same for any
 // --threads; kvq-inspect says what the side information is.
 #include <gtest/gtest.h>
 
@@ -33,7 +34,10 @@ json verify_json(const std::string& cal, const std::string& alloc, const std::st
   return fs::exists(out) ? json::parse(std::ifstream(out)) : json::object();
 }
 
-void check_model(const std::string& cal, const std::string& model, int min_wins_missing_allowed) {
+// wins_at_k3: whether Block-GTQ's wins at equal effective bits are asserted at K3 too. At d = 8
+// (stories260K) uniform 3 and 4 bits both pad to 6 bytes per token, so the matched baseline is
+// uniform K4 in the same bytes and beats Block-GTQ K3 there (printed).
+void check_model(const std::string& cal, const std::string& model, bool wins_at_k3) {
   for (int b : {2, 3}) {
     SCOPED_TRACE(model + " K" + std::to_string(b));
     const std::string bits = " --bpd " + std::to_string(b);
@@ -61,9 +65,9 @@ void check_model(const std::string& cal, const std::string& model, int min_wins_
     const json v = verify_json(cal, cmp, "--match effective");
     ASSERT_TRUE(v.contains("layer_wins"));
     EXPECT_EQ(v["baseline"]["k_bpd_effective"].get<double>(), ac.k_bpd_effective);
-    EXPECT_GE(v["layer_wins"].get<int>(), v["n_layers"].get<int>() - min_wins_missing_allowed);
-    std::printf("NOTE %s K%d equal effective bits: Block-GTQ wins %d/%d layers\n", model.c_str(), b,
-                v["layer_wins"].get<int>(), v["n_layers"].get<int>());
+    if (b == 2 || wins_at_k3) EXPECT_EQ(v["layer_wins"].get<int>(), v["n_layers"].get<int>());
+    std::printf("NOTE %s K%d equal effective bits: Block-GTQ wins %d/%d layers against uniform K%g\n", model.c_str(),
+                b, v["layer_wins"].get<int>(), v["n_layers"].get<int>(), v["baseline"]["k_bpd_nominal"].get<double>());
   }
 }
 
@@ -72,12 +76,12 @@ void check_model(const std::string& cal, const std::string& model, int min_wins_
 TEST(GroupNormsCompact, DemoModel) {
   const std::string cal = demo_cal("gnc");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
-  check_model(cal, "kvq-demo-llama", 0);
+  check_model(cal, "kvq-demo-llama", true);
 }
 
 TEST(GroupNormsCompact, Stories260K) {
   KVQ_REQUIRE_SHARED("models/stories260K/stories260K.bin");
-  check_model(stories_cal("gnc"), "stories260K", 1);
+  check_model(stories_cal("gnc"), "stories260K", false);
 }
 
 TEST(GroupNormsCompact, SameFileForAnyThreadCountAndInspectSaysSo) {

@@ -1,5 +1,5 @@
-// kvq-verify --match effective: the baseline's bits per side are the fewest whole bits whose
-// effective bpd is >= the allocation's. The truth here is a brute force over the admissible budgets
+// kvq-verify --match effective: the baseline's bits per side are the whole bits with the smallest
+// effective bpd >= the allocation's (the widest of those with that effective bpd). The truth here is a brute force over the admissible budgets
 // (whole bits 1..8) with effective bpd worked out in this file from the packed-layout rules
 // (schemas/packed-layout.md): a block is [records][codes][pad to 2 bytes]; TQ records are one fp16
 // norm per group, low rank one fp16 norm, KIVI K one (scale, zero) fp16 pair per channel for 32
@@ -65,12 +65,14 @@ double kivi_bpd(kvq::Side s, int b, int d) {
   return double(align2(4L * ((d + 31) / 32) + bytes_of_bits(long(d) * b))) * 8 / d;
 }
 
-// Brute force: every admissible budget, the fewest bits reaching target; 0 when none does.
+// Brute force: of every admissible budget reaching target, those with the smallest effective bpd,
+// the widest of them (the same bytes hold more bits); 0 when none reaches it.
 int brute_force(const std::string& kind, kvq::Side s, double target, int d, double* eff) {
   int best = 0;
-  for (int b = 8; b >= 1; --b) {
+  for (int b = 1; b <= 8; ++b) {
     const double e = kind == "uniform" ? uniform_bpd(b, d) : kivi_bpd(s, b, d);
-    if (e >= target - 1e-9) best = b, *eff = e;
+    if (e < target - 1e-9) continue;
+    if (best == 0 || e < *eff - 1e-9 || (std::fabs(e - *eff) <= 1e-9 && b > best)) best = b, *eff = e;
   }
   return best;
 }

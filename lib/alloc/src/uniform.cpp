@@ -101,10 +101,15 @@ double mean_effective_bpd(const std::vector<HeadDecision>& heads, Side side, int
 int match_effective_bits(const std::string& kind, const Shape& shape, Side side, double target,
                          bool norm_correction) {
   double widest = 0;
+  int found = 0;
+  double found_bpd = 0;
   for (int b = 1; b <= 8; ++b) {
     widest = mean_effective_bpd(baseline_heads(kind, shape, b, b, norm_correction, ""), side, shape.head_dim);
-    if (widest >= target - 1e-9) return b;
+    if (found == 0 && widest >= target - 1e-9) found = b, found_bpd = widest;
+    else if (found > 0 && widest <= found_bpd + 1e-9) found = b;  // more bits in the same bytes
+    else if (found > 0) break;
   }
+  if (found > 0) return found;
   char buf[320];
   std::snprintf(buf, sizeof buf,
                 "effective: no %s baseline budget (whole bits 1..8) reaches the allocation's %s effective bpd %.4f "

@@ -127,7 +127,7 @@ void HeadCodec::encode_tq(const float* x, int n_tokens, uint8_t* out) const {
   const bool compact = layout_.ratio_bits > 0;
   // Compact: per token of the tile, the scale the codes quantize against (1 / rho~_g), group-major
   // [g][t].
-  std::vector<double> inv_of(compact ? ng * kTile : 0), n2_of(compact ? ng : 0);
+  std::vector<double> inv_of(compact ? ng * kTile : 0), n2_of(compact ? ng : 0), ratio(compact ? ng : 0);
   for (int t0 = 0; t0 < n_tokens; t0 += kTile) {
     const int nt = std::min(kTile, n_tokens - t0);
     if (compact)
@@ -149,10 +149,11 @@ void HeadCodec::encode_tq(const float* x, int n_tokens, uint8_t* out) const {
         if (n2 > 0.0) {
           double best_dot = -1.0;
           const double inv_rho = 1.0 / std::sqrt(n2);
+          for (size_t g = 0; g < ng; ++g) ratio[g] = std::sqrt(n2_of[g]) * inv_rho;
           for (uint32_t j = 0; j < (1u << layout_.ratio_bits); ++j) {
             const float* cj = dec_.ratio_codebook.data() + static_cast<size_t>(j) * ng;
             double dot = 0.0;
-            for (size_t g = 0; g < ng; ++g) dot += std::sqrt(n2_of[g]) * inv_rho * cj[g];
+            for (size_t g = 0; g < ng; ++g) dot += ratio[g] * cj[g];
             if (dot > best_dot) {
               best_dot = dot;
               best = j;

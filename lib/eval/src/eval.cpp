@@ -254,7 +254,7 @@ std::string format_eval_report(const EvalReport& r) {
     s << buf;
   }
   s << (r.match == "effective"
-            ? "(baseline per side at the fewest whole bits whose effective bpd >= the allocation's, --match effective; "
+            ? "(baseline per side at the nearest effective bpd >= the allocation's, --match effective; "
               "effective bpd"
             : "(baseline at the allocation's nominal bpd; effective bpd");
   s << " = stored bits per token per head / d, protected "

@@ -330,7 +330,7 @@ std::string format_report(const VerifyReport& r) {
   s << buf;
   if (r.match == "effective") {
     std::snprintf(buf, sizeof buf,
-                  "baseline budget: --match effective, per side the fewest whole bits whose effective bpd >= the "
+                  "baseline budget: --match effective, per side the nearest effective bpd >= the "
                   "allocation's (K %.4g >= %.4g, V %.4g >= %.4g)\n",
                   r.baseline.k_bpd_effective, r.alloc.k_bpd_effective, r.baseline.v_bpd_effective,
                   r.alloc.v_bpd_effective);

@@ -35,8 +35,10 @@ std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& s
 // `side` decisions among heads; 0 when there are none.
 double mean_effective_bpd(const std::vector<HeadDecision>& heads, Side side, int head_dim);
 
-// --match effective (kvq-verify, kvq-eval): the fewest whole bits b in 1..8 at which the `kind`
-// baseline (baseline_heads) of `shape` has a mean effective bpd on `side` >= target (within 1e-9).
+// --match effective (kvq-verify, kvq-eval): the whole bits b in 1..8 at which the `kind` baseline
+// (baseline_heads) of `shape` has the smallest mean effective bpd on `side` >= target (within
+// 1e-9), and of the widths with that same effective bpd (padding: at d = 8 uniform 1 and 2 bits
+// both store 4 bytes) the widest, so the baseline gets every bit the bytes hold.
 // None reaches it: kvq::Error naming --match, the side, target and the baseline's widest.
 int match_effective_bits(const std::string& kind, const Shape& shape, Side side, double target,
                          bool norm_correction);

@@ -20,8 +20,8 @@ struct EvalOptions {
   double baseline_k_bpd = 0;      // 0: the allocation's nominal K budget (must be whole bits)
   double baseline_v_bpd = 0;
   // nominal: the baseline codes at the allocation's nominal bits (or the explicit ones above);
-  // effective: per side the fewest whole bits (1..8) whose effective bpd (packed layout, side
-  // information included) is >= the allocation's. With explicit baseline bits: a usage error.
+  // effective: per side the whole bits (1..8) with the smallest effective bpd (packed layout, side
+  // information included) >= the allocation's, the widest of those (alloc::match_effective_bits). With explicit baseline bits: a usage error.
   std::string match = "nominal";
   // true: the checkpoint stays mapped and every window's forward converts one layer at a time
   // (for models whose fp32 weights do not fit; each window pays the conversion once).
