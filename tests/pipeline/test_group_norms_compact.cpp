@@ -102,6 +102,28 @@ TEST(GroupNormsCompact, SameFileForAnyThreadCountAndInspectSaysSo) {
   r = run_cmd(bin("kvq-inspect") + " " + f + " > " + txt);
   out = bytes_of(txt);
   EXPECT_NE(out.find("group norms  fp16 per group on 8 TQ heads"), std::string::npos) << out;
+  // The manifest validates against the schema (python3-jsonschema); a broken record must not.
+  if (run_cmd("python3 -c 'import jsonschema'").status == 0) {
+    const std::string man = temp_path("gnc_manifest.json"), broken = temp_path("gnc_manifest_bad.json");
+    ASSERT_EQ(run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method block-gtq --bpd 3 --out " +
+                      temp_path("gnc_m.kvqalloc.h5") + " --manifest " + man)
+                  .status,
+              0);
+    json m = json::parse(std::ifstream(man));
+    ASSERT_EQ(m["version"], 4);
+    const std::string check =
+        "python3 -c 'import json,sys,jsonschema; s=json.load(open(sys.argv[2])); "
+        "jsonschema.Draft202012Validator.check_schema(s); jsonschema.validate(json.load(open(sys.argv[1])), s)' ";
+    const std::string schema = std::string(KVQ_SOURCE_DIR) + "/schemas/allocation-manifest.schema.json";
+    auto v = run_cmd(check + man + " " + schema);
+    EXPECT_EQ(v.status, 0) << v.err;
+    for (auto& h : m["heads"])
+      if (h.contains("group_norms")) h["group_norms"]["ratio_bits"] = 9;
+    kvq::test::write_text(broken, m.dump());
+    EXPECT_NE(run_cmd(check + broken + " " + schema).status, 0) << "the schema must reject ratio_bits 9";
+  } else {
+    std::printf("python3-jsonschema missing: manifest schema not checked (scripts/test installs it)\n");
+  }
   // A bad --ratio-bits is a usage error, no file.
   const std::string bad = temp_path("gnc_bad.kvqalloc.h5");
   fs::remove(bad);
