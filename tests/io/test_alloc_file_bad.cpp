@@ -34,6 +34,31 @@ void rewrite_manifest(const std::string& p, const std::function<void(json&)>& ed
   h5::write_attr(g, "manifest", m.dump());
 }
 
+// A copy of `from` whose root attribute "version" says `v`.
+void copy_with_version(const std::string& from, const std::string& p, int64_t v) {
+  fs::copy_file(from, p);
+  H5::H5File f(p, H5F_ACC_RDWR);
+  H5::Group g = f.openGroup("/");
+  g.removeAttr("version");
+  h5::write_attr(g, "version", v);
+}
+
+// Edits the f32 dataset /tensors/<name of(manifest)> in place.
+void edit_tensor(const std::string& p, const std::function<std::string(const json&)>& name_of,
+                 const std::function<void(std::vector<float>&)>& edit) {
+  H5::H5File f(p, H5F_ACC_RDONLY);
+  const std::string name = name_of(json::parse(h5::read_attr_str(p, f.openGroup("/"), "manifest")));
+  f.close();
+  H5::H5File w(p, H5F_ACC_RDWR);
+  auto ds = w.openDataSet("/tensors/" + name);
+  hsize_t dims[2];
+  ds.getSpace().getSimpleExtentDims(dims);
+  std::vector<float> v(dims[0] * dims[1]);
+  ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
+  edit(v);
+  ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+}
+
 void set_root_attr(const std::string& p, const std::string& name, const std::string& v) {
   h5::quiet();
   H5::H5File f(p, H5F_ACC_RDWR);
@@ -87,13 +112,7 @@ TEST(AllocFileBad, Table) {
          fs::copy_file(std::string(KVQ_SOURCE_DIR) + "/data/golden/calib-v1.kvqcal.h5", p);
        }},
       {"future_version", "found 7 (written by a newer kvq)",
-       [](const std::string& p) {
-         fs::copy_file(kGood, p);
-         H5::H5File f(p, H5F_ACC_RDWR);
-         H5::Group g = f.openGroup("/");
-         g.removeAttr("version");
-         h5::write_attr(g, "version", int64_t(7));
-       }},
+       [](const std::string& p) { copy_with_version(kGood, p, 7); }},
       {"manifest_not_json", "/@manifest: not valid JSON",
        [](const std::string& p) { fs::copy_file(kGood, p); set_root_attr(p, "manifest", "{\"heads\": ["); }},
       {"missing_budget", "manifest.budget",
@@ -128,28 +147,12 @@ TEST(AllocFileBad, Table) {
       {"nan_basis", "non-finite",
        [](const std::string& p) {
          fs::copy_file(kGood, p);
-         H5::H5File f(p, H5F_ACC_RDONLY);
-         json m = json::parse(h5::read_attr_str(p, f.openGroup("/"), "manifest"));
-         std::string name = m["heads"][first_lowrank(m)]["basis"];
-         f.close();
-         H5::H5File w(p, H5F_ACC_RDWR);
-         auto ds = w.openDataSet("/tensors/" + name);
-         hsize_t dims[2];
-         ds.getSpace().getSimpleExtentDims(dims);
-         std::vector<float> v(dims[0] * dims[1]);
-         ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
-         v[3] = std::nanf("");
-         ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+         edit_tensor(p, [](const json& m) { return m["heads"][first_lowrank(m)]["basis"].get<std::string>(); },
+                     [](std::vector<float>& v) { v[3] = std::nanf(""); });
        }},
       // Compact group norms (version 4).
       {"compact_in_v3", "group_norms: needs allocation version >= 4, the file is version 3",
-       [](const std::string& p) {
-         fs::copy_file(kCompact, p);
-         H5::H5File f(p, H5F_ACC_RDWR);
-         H5::Group g = f.openGroup("/");
-         g.removeAttr("version");
-         h5::write_attr(g, "version", int64_t(3));
-       }},
+       [](const std::string& p) { copy_with_version(kCompact, p, 3); }},
       {"compact_kind", "group_norms.kind: must be \"compact\"", edit_compact([](json& g) { g["kind"] = "fp8"; })},
       {"compact_ratio_bits", "group_norms.ratio_bits: out of 1..8: 9", edit_compact([](json& g) { g["ratio_bits"] = 9; })},
       {"compact_ratio_bits_float", "ratio_bits: not an integer", edit_compact([](json& g) { g["ratio_bits"] = 2.5; })},
@@ -174,18 +177,8 @@ TEST(AllocFileBad, Table) {
       {"compact_negative_ratio", "ratio_codebook: value at 1 is not finite and >= 0",
        [](const std::string& p) {
          fs::copy_file(kCompact, p);
-         H5::H5File f(p, H5F_ACC_RDONLY);
-         json m = json::parse(h5::read_attr_str(p, f.openGroup("/"), "manifest"));
-         std::string name = m["heads"][first_compact(m)]["group_norms"]["ratios"];
-         f.close();
-         H5::H5File w(p, H5F_ACC_RDWR);
-         auto ds = w.openDataSet("/tensors/" + name);
-         hsize_t dims[2];
-         ds.getSpace().getSimpleExtentDims(dims);
-         std::vector<float> v(dims[0] * dims[1]);
-         ds.read(v.data(), H5::PredType::NATIVE_FLOAT);
-         v[1] = -0.25f;
-         ds.write(v.data(), H5::PredType::NATIVE_FLOAT);
+         edit_tensor(p, [](const json& m) { return m["heads"][first_compact(m)]["group_norms"]["ratios"].get<std::string>(); },
+                     [](std::vector<float>& v) { v[1] = -0.25f; });
        }},
       // The golden file: 4 layers x 2 KV heads.
       {"before_shape", "but the header implies",
