@@ -77,6 +77,33 @@ void add_solver_dataset(const std::string& p, const std::string& name, std::vect
   h5::write(g, name, dims, v.data());
 }
 
+// The root dataset "manifest" of `bytes` (written with HDF5's own API, not kvq's helper), of
+// element type `type` and shape {n} or {n/2, 2}.
+void add_manifest_dataset(const std::string& p, const std::string& bytes,
+                          const H5::PredType& type = H5::PredType::STD_U8LE, bool rank2 = false) {
+  h5::quiet();
+  H5::H5File f(p, H5F_ACC_RDWR);
+  const hsize_t n = bytes.size();
+  const hsize_t dims1[1] = {n}, dims2[2] = {n / 2, 2};
+  H5::DataSpace space = rank2 ? H5::DataSpace(2, dims2) : H5::DataSpace(1, dims1);
+  H5::DataSet ds = f.createDataSet("manifest", type, space);
+  if (type == H5::PredType::STD_U8LE) ds.write(bytes.data(), H5::PredType::NATIVE_UINT8);
+}
+
+// A copy of `from` at version `v` whose manifest lives in the /manifest dataset (as version 5
+// writes it): the attribute's text moved there byte for byte.
+void copy_with_manifest_dataset(const std::string& from, const std::string& p, int64_t v) {
+  copy_with_version(from, p, v);
+  std::string text;
+  {
+    H5::H5File f(p, H5F_ACC_RDWR);
+    H5::Group g = f.openGroup("/");
+    text = h5::read_attr_str(p, g, "manifest");
+    g.removeAttr("manifest");
+  }
+  add_manifest_dataset(p, text);
+}
+
 int first_compact(const json& m) {
   for (size_t i = 0; i < m["heads"].size(); ++i)
     if (m["heads"][i].contains("group_norms")) return int(i);
@@ -180,6 +207,35 @@ TEST(AllocFileBad, Table) {
          edit_tensor(p, [](const json& m) { return m["heads"][first_compact(m)]["group_norms"]["ratios"].get<std::string>(); },
                      [](std::vector<float>& v) { v[1] = -0.25f; });
        }},
+      // The manifest in the /manifest dataset (version 5: a manifest too large for an attribute).
+      {"v5_manifest_in_attribute", "/@manifest: a version-5 file keeps its manifest in the /manifest dataset",
+       [](const std::string& p) { copy_with_version(kGood, p, 5); }},
+      {"v5_manifest_missing", "/manifest: dataset missing",
+       [](const std::string& p) {
+         copy_with_manifest_dataset(kGood, p, 5);
+         H5::H5File f(p, H5F_ACC_RDWR);
+         f.unlink("manifest");
+       }},
+      {"v4_manifest_dataset", "/manifest: a manifest dataset needs allocation version >= 5, the file is version 4",
+       [](const std::string& p) { copy_with_manifest_dataset(kCompact, p, 4); }},
+      {"v5_manifest_not_json", "/manifest: not valid JSON",
+       [](const std::string& p) {
+         copy_with_manifest_dataset(kGood, p, 5);
+         H5::H5File(p, H5F_ACC_RDWR).unlink("manifest");
+         add_manifest_dataset(p, "{\"heads\": [");
+       }},
+      {"v5_manifest_rank2", "/manifest: expected a 1-D dataset of bytes, found rank 2",
+       [](const std::string& p) {
+         copy_with_manifest_dataset(kGood, p, 5);
+         H5::H5File(p, H5F_ACC_RDWR).unlink("manifest");
+         add_manifest_dataset(p, "{}{}", H5::PredType::STD_U8LE, true);
+       }},
+      {"v5_manifest_floats", "/manifest: wrong element type",
+       [](const std::string& p) {
+         copy_with_manifest_dataset(kGood, p, 5);
+         H5::H5File(p, H5F_ACC_RDWR).unlink("manifest");
+         add_manifest_dataset(p, "0123", H5::PredType::IEEE_F32LE);
+       }},
       // The golden file: 4 layers x 2 KV heads.
       {"before_shape", "but the header implies",
        [](const std::string& p) {
@@ -220,6 +276,18 @@ TEST(AllocFileBad, Table) {
     EXPECT_NE(err.find(p), std::string::npos) << c.name << ": " << err;
     EXPECT_NE(err.find(c.expect), std::string::npos) << c.name << ": " << err;
     EXPECT_EQ(err.find('\n'), std::string::npos) << c.name;
+  }
+}
+
+// Version 5 only moves the manifest: the same text in the dataset reads as the same decisions.
+TEST(AllocFileManifestDataset, SmallManifestInTheDatasetReadsTheSame) {
+  for (const std::string& from : {kGood, kCompact}) {
+    SCOPED_TRACE(from);
+    const std::string p = test::temp_path("manifest_dataset.kvqalloc.h5");
+    fs::remove(p);
+    copy_with_manifest_dataset(from, p, 5);
+    json a = alloc_manifest(read_alloc(from)), b = alloc_manifest(read_alloc(p));
+    EXPECT_EQ(b, a);
   }
 }
 

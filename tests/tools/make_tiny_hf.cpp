@@ -21,6 +21,7 @@ namespace hf = kvq::test::hf;
 
 const char* kUsage =
     "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa --out DIR [--seed S] [--scale X]\n"
+    "                        [--layers N] [--head-dim D] [--kv-heads H]\n"
     "  Writes a tiny untrained model directory in the Hugging Face layout (test data).\n"
     "  --family  llama3: Llama with rope_scaling llama3 (factor 8, original 64), BOS template;\n"
     "            qwen2: q/k/v projection biases, Qwen tokenizer (NFC, no BOS);\n"
@@ -29,7 +30,9 @@ const char* kUsage =
     "            mixtral: 4 experts top-2; mistral-swa: Mistral with sliding_window 32\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
-    "  --scale   std of the weights (default 0.02)\n";
+    "  --scale   std of the weights (default 0.02)\n"
+    "  --layers, --head-dim, --kv-heads  override the family's shape (query heads = 2 x KV heads),\n"
+    "            e.g. a real model's layer and head count with a tiny hidden size\n";
 
 // GPT-2 / HF ByteLevel: the printable bytes map to themselves, the other 68 to U+0100 + n. The
 // vocabulary ids follow the same order (printable bytes first), as in GPT-2-derived vocabularies.
@@ -215,6 +218,14 @@ int run(int argc, char** argv) {
   std::string family, out;
   uint32_t seed = 0;
   double scale = 0.02;
+  int layers = 0, head_dim = 0, kv_heads = 0;  // 0 = the family's
+  auto count = [](const std::string& flag, const std::string& v, int hi) {
+    char* end = nullptr;
+    const long x = std::strtol(v.c_str(), &end, 10);
+    if (v.empty() || *end || x < 1 || x > hi)
+      throw std::invalid_argument(flag + ": expected an integer in 1.." + std::to_string(hi) + ", found '" + v + "'");
+    return int(x);
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -236,12 +247,25 @@ int run(int argc, char** argv) {
       char* end = nullptr;
       scale = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(scale > 0 && scale < 10)) throw std::invalid_argument("--scale: expected a number in (0, 10), found '" + v + "'");
+    } else if (a == "--layers") {
+      layers = count(a, v, 128);
+    } else if (a == "--head-dim") {
+      head_dim = count(a, v, 256);
+      if (head_dim % 2) throw std::invalid_argument("--head-dim: must be even (RoPE pairs), found " + v);
+    } else if (a == "--kv-heads") {
+      kv_heads = count(a, v, 64);
     } else {
       throw std::invalid_argument("unknown flag '" + a + "'");
     }
   }
   if (family.empty() || out.empty()) throw std::invalid_argument("--family and --out are required");
   hf::Spec s = spec_for(family, seed, scale);
+  if (layers) s.layers = layers;
+  if (head_dim) s.head_dim = head_dim;
+  if (kv_heads) {
+    s.kv_heads = kv_heads;
+    s.heads = 2 * kv_heads;
+  }
   const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe";
   const Tok tok = make_tokenizer(qwen);
   s.vocab = tok.vocab_size;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "kvq/model/model.hpp"
@@ -95,7 +96,28 @@ TEST(MakeTinyHf, BadFlagsAreOneLineErrors) {
   EXPECT_FALSE(std::filesystem::exists(dir / "x"));
   EXPECT_EQ(run(std::string(KVQ_MAKE_TINY_HF) + " --family qwen3 2>/dev/null"), 2);
   EXPECT_EQ(run(std::string(KVQ_MAKE_TINY_HF) + " --family qwen3 --out " + dir.str() + " --seed x 2>/dev/null"), 2);
+  for (const char* bad : {"--layers 0", "--layers x", "--head-dim 7", "--head-dim 512", "--kv-heads -1"}) {
+    EXPECT_EQ(run(std::string(KVQ_MAKE_TINY_HF) + " --family llama3 --out " + (dir / "y") + " " + bad +
+                  " 2>/dev/null"),
+              2)
+        << bad;
+    EXPECT_FALSE(std::filesystem::exists(dir / "y")) << bad;
+  }
   EXPECT_EQ(run(std::string(KVQ_MAKE_TINY_HF) + " --help >/dev/null"), 0);
+}
+
+// --layers / --head-dim / --kv-heads set the config's shape (query heads = 2 x KV heads).
+TEST(MakeTinyHf, ShapeFlagsSetTheConfig) {
+  test::TempDir dir;
+  ASSERT_EQ(run(std::string(KVQ_MAKE_TINY_HF) + " --family llama3 --layers 5 --head-dim 128 --kv-heads 8 --out " +
+                (dir / "m")),
+            0);
+  std::ifstream in(dir / "m" + "/config.json");
+  const nlohmann::json c = nlohmann::json::parse(in);
+  EXPECT_EQ(c["num_hidden_layers"], 5);
+  EXPECT_EQ(c["head_dim"], 128);
+  EXPECT_EQ(c["num_key_value_heads"], 8);
+  EXPECT_EQ(c["num_attention_heads"], 16);
 }
 
 }  // namespace

@@ -98,7 +98,8 @@ static std::optional<bool> tq_norm_correction(const AllocFile& a) {
 
 static const char* rotation_name(TqRotation r) { return r == TqRotation::kIdentity ? "identity" : "haar"; }
 
-int64_t alloc_version_for(const AllocFile& a) {
+// The oldest version that holds the decisions (the manifest's size aside: alloc_manifest).
+static int64_t decisions_version(const AllocFile& a) {
   int64_t v = kAllocOldestVersion;
   for (const auto& h : a.heads) {
     if (h.kind == CodingKind::kMinifloat) v = std::max(v, kAllocMinifloatVersion);
@@ -114,10 +115,15 @@ int64_t alloc_version_for(const AllocFile& a) {
   return v;
 }
 
+// The manifest's text as written (one-space indent: the bytes of every earlier version's files).
+static std::string manifest_text(const json& m) { return m.dump(1); }
+
+int64_t alloc_version_for(const AllocFile& a) { return alloc_manifest(a).at("version").get<int64_t>(); }
+
 json alloc_manifest(const AllocFile& a) {
   json m;
   m["format"] = kAllocFormat;
-  const int64_t version = alloc_version_for(a);
+  const int64_t version = decisions_version(a);
   m["version"] = version;
   const std::optional<bool> nc = tq_norm_correction(a);
   // One value: the manifest's (version >= 2). Per head (version 3): each TQ head's own field.
@@ -190,19 +196,25 @@ json alloc_manifest(const AllocFile& a) {
   }
   m["heads"] = heads;
   m["summary"] = a.summary.is_null() ? json::object() : a.summary;
+  // Too large for the root attribute: the file keeps it in the /manifest dataset (version 5). Only
+  // the version's digit changes, so the size measured here is the size written.
+  if (manifest_text(m).size() > kAllocManifestAttrMax) m["version"] = std::max(version, kAllocManifestDatasetVersion);
   return m;
 }
 
 void write_alloc(const std::string& path, const AllocFile& a) {
   const json m = alloc_manifest(a);
+  const int64_t version = m.at("version").get<int64_t>();
+  const std::string text = manifest_text(m);
   const int d = a.calib.head_dim;
   write_atomically(path, [&](const std::string& tmp) {
     try {
       auto f = h5::create(tmp);
       H5::Group root = f.openGroup("/");
       h5::write_attr(root, "format", std::string(kAllocFormat));
-      h5::write_attr(root, "version", alloc_version_for(a));
-      h5::write_attr(root, "manifest", m.dump(1));
+      h5::write_attr(root, "version", version);
+      if (version >= kAllocManifestDatasetVersion) h5::write_text(root, "manifest", text);
+      else h5::write_attr(root, "manifest", text);
       auto t = h5::make_group(root, "tensors");
       for (const auto& h : a.heads) {
         if (h.kind == CodingKind::kTqGroups && h.ratio_bits > 0) {
@@ -237,10 +249,21 @@ AllocFile read_alloc(const std::string& path) {
   const OpenedKvqFile opened = open_kvq_file(path, KvqFileKind::kAllocation);
   const H5::Group& root = opened.root;
   json m;
+  // Version 5 keeps the manifest in the /manifest dataset (too large for an attribute), older
+  // versions in the root attribute; the other place must be empty, so a file never holds two.
+  const bool in_dataset = opened.header.version >= kAllocManifestDatasetVersion;
+  const std::string manifest_at = in_dataset ? "/manifest" : "/@manifest";
+  if (in_dataset && h5::has_attr(root, "manifest"))
+    throw Error(path, "/@manifest", "a version-5 file keeps its manifest in the /manifest dataset, not the attribute");
+  if (!in_dataset && h5::has_link(root, "manifest"))
+    throw Error(path, "/manifest", "a manifest dataset needs allocation version >= " +
+                                       std::to_string(kAllocManifestDatasetVersion) + ", the file is version " +
+                                       std::to_string(opened.header.version));
   try {
-    m = json::parse(h5::read_attr_str(path, root, "manifest"));
+    m = json::parse(in_dataset ? h5::read_text(path, root, "manifest", kAllocManifestMaxBytes)
+                               : h5::read_attr_str(path, root, "manifest"));
   } catch (const json::exception&) {
-    throw Error(path, "/@manifest", "not valid JSON");
+    throw Error(path, manifest_at, "not valid JSON");
   }
   AllocFile a;
   std::string field;

@@ -219,6 +219,9 @@ void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, co
 void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, const int32_t* p) {
   write_impl(g, n, d, p, H5::PredType::STD_I32LE, H5::PredType::NATIVE_INT32);
 }
+void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, const uint8_t* p) {
+  write_impl(g, n, d, p, H5::PredType::STD_U8LE, H5::PredType::NATIVE_UINT8);
+}
 
 bool exists(const H5::Group& g, const std::string& name) {
   return H5Lexists(g.getId(), name.c_str(), H5P_DEFAULT) > 0;
@@ -337,6 +340,24 @@ std::vector<uint64_t> read_u64(const std::string& f, const H5::Group& g, const s
 std::vector<int32_t> read_i32(const std::string& f, const H5::Group& g, const std::string& n,
                               const std::vector<hsize_t>& e) {
   return read_impl<int32_t>(f, g, n, e, H5::PredType::NATIVE_INT32, H5T_INTEGER);
+}
+std::vector<uint8_t> read_u8(const std::string& f, const H5::Group& g, const std::string& n,
+                             const std::vector<hsize_t>& e) {
+  return read_impl<uint8_t>(f, g, n, e, H5::PredType::NATIVE_UINT8, H5T_INTEGER);
+}
+
+void write_text(H5::Group& g, const std::string& name, const std::string& text) {
+  write(g, name, {hsize_t(text.size())}, reinterpret_cast<const uint8_t*>(text.data()));
+}
+
+std::string read_text(const std::string& file, const H5::Group& g, const std::string& name, size_t max_bytes) {
+  const std::string where = path_of(g) == "/" ? "/" + name : path_of(g) + "/" + name;
+  const std::vector<hsize_t> dims = shape_of(file, g, name);
+  if (dims.size() != 1) throw Error(file, where, "expected a 1-D dataset of bytes, found rank " + std::to_string(dims.size()));
+  if (dims[0] > max_bytes)
+    throw Error(file, where, std::to_string(dims[0]) + " bytes, more than the " + std::to_string(max_bytes) + " allowed");
+  const std::vector<uint8_t> bytes = read_u8(file, g, name, dims);
+  return std::string(bytes.begin(), bytes.end());
 }
 
 }  // namespace kvq::h5

@@ -35,6 +35,11 @@ void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& di
 void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const int64_t* data);
 void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const uint64_t* data);
 void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const int32_t* data);
+void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& dims, const uint8_t* data);
+// Text too large for an attribute (HDF5 keeps an attribute in the object header: 64 KiB at most)
+// as a 1-D u8 dataset of its bytes; read_text refuses more than max_bytes before allocating.
+void write_text(H5::Group& g, const std::string& name, const std::string& text);
+std::string read_text(const std::string& file, const H5::Group& g, const std::string& name, size_t max_bytes);
 
 // Reads a dataset after checking its shape equals `expect` (validate before allocating).
 std::vector<double> read_f64(const std::string& file, const H5::Group& g, const std::string& name,
@@ -47,6 +52,8 @@ std::vector<uint64_t> read_u64(const std::string& file, const H5::Group& g, cons
                                const std::vector<hsize_t>& expect);
 std::vector<int32_t> read_i32(const std::string& file, const H5::Group& g, const std::string& name,
                               const std::vector<hsize_t>& expect);
+std::vector<uint8_t> read_u8(const std::string& file, const H5::Group& g, const std::string& name,
+                             const std::vector<hsize_t>& expect);
 // read_f32 into payload memory: while a payload::FileBacked scope is alive the rows are read in
 // slabs along dim 0, each slab released after it is read.
 void read_f32(const std::string& file, const H5::Group& g, const std::string& name,
