@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "kvq/capture/capture.hpp"
 #include "kvq/cli/cli.hpp"
 #include "kvq/eval/generate.hpp"
 #include "kvq/model/model.hpp"
@@ -20,7 +21,17 @@ int main(int argc, char** argv) {
   std::string model_path, tok_path, prompt = "Once upon a time", ppl_text;
   std::string json_out;
   int steps = 32, window = 256;
+  std::string load = "auto", max_memory;
   kvq::cli::add_model(app, model_path);
+  app.add_option("--load", load,
+                 "whole: the model in fp32; stream: the checkpoint stays mapped and every forward converts one "
+                 "layer at a time (each generated token converts every layer again: slow, little memory); "
+                 "auto: whole when the fp32 model fits --max-memory, else stream (logged)")
+      ->default_val("auto")
+      ->check(CLI::IsMember({"auto", "whole", "stream"}));
+  app.add_option("--max-memory", max_memory,
+                 "memory the fp32 model may take with --load whole/auto (6G, 1500M, bytes; default 80% of the "
+                 "available memory)");
   app.add_option("--tokenizer", tok_path, "tokenizer file (default: the model's own)");
   app.add_option("--prompt", prompt, "prompt text (BOS is prepended where the tokenizer adds one)")->default_val(prompt);
   app.add_option("--steps", steps, "tokens to generate")->default_val(32)->check(CLI::Range(0, 1 << 16));
@@ -36,7 +47,26 @@ int main(int argc, char** argv) {
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-generate", [&] {
     kvq::set_threads(common.threads);
-    kvq::Model m = kvq::Model::load(model_path);
+    // The whole model in fp32 is checked against the memory before it is loaded: a model that does
+    // not fit is refused (whole) or streamed (auto), never killed by the kernel half-way.
+    const int64_t need = kvq::Model::whole_fp32_bytes(model_path);
+    const int64_t budget =
+        max_memory.empty() ? kvq::default_memory_budget() : kvq::parse_memory_size(max_memory, "--max-memory");
+    auto gib = [](int64_t b) {
+      char buf[32];
+      if (b < (int64_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(int64_t(1) << 20));
+      else std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(int64_t(1) << 30));
+      return std::string(buf);
+    };
+    bool stream = load == "stream";
+    if (!stream && need > budget) {
+      const std::string why = "the model takes " + gib(need) + " in fp32, more than the " + gib(budget) + " " +
+                              (max_memory.empty() ? "(80% of the available memory)" : "--max-memory allows");
+      if (load == "whole") throw kvq::Error(model_path, "--load", "whole: " + why + "; --load stream converts one layer at a time");
+      spdlog::warn("{}: {}: streaming the layers (--load stream; every token converts each layer again)", model_path, why);
+      stream = true;
+    }
+    kvq::Model m = kvq::Model::load(model_path, kvq::Model::LoadOptions{stream});
     auto tok = kvq::Tokenizer::load(tok_path.empty()
                                         ? kvq::Tokenizer::default_path_for_model(model_path, m.config().vocab_size)
                                         : tok_path);

@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <fstream>
+
+#include "kvq/util/error.hpp"
 
 #include "hf_reference.hpp"
 #include "hf_tiny.hpp"
@@ -473,6 +476,45 @@ TEST(Architectures, ClassNamesWithoutModelType) {
     hf::write_model(dir.str(), c, hf::make_weights(s));
     EXPECT_EQ(Model::load(dir.str()).config().architecture, fam);
   }
+}
+
+// Model::whole_fp32_bytes (kvq-generate's memory check) from config.json alone = 4 bytes per
+// element of every tensor the checkpoint holds (a tied lm_head is the embedding's storage, and the
+// checkpoint holds it once), for every family: dense, q/k norm + tied, MoE with a dense layer,
+// Mixtral, Qwen2 biases; and for the committed fp32 demo checkpoint, its safetensors header's sum.
+TEST(Architectures, WholeFp32BytesIsTheCheckpointsElementsTimesFour) {
+  hf::Spec qwen2 = qwen3_spec();
+  qwen2.family = "qwen2";
+  qwen2.tied = false;
+  for (const hf::Spec& s : {qwen3_spec(), qwen3_moe_spec(), mixtral_spec(), qwen2}) {
+    SCOPED_TRACE(s.family);
+    const hf::TensorMap w = hf::make_weights(s);
+    int64_t elems = 0;
+    for (const auto& [name, t] : w) {
+      int64_t n = 1;
+      for (int64_t x : t.shape) n *= x;
+      elems += n;
+    }
+    test::TempDir dir;
+    hf::write_model(dir.str(), hf::make_config(s), w, 3);
+    EXPECT_EQ(Model::whole_fp32_bytes(dir.str()), 4 * elems);
+    EXPECT_EQ(Model::whole_fp32_bytes(dir.str() + "/config.json"), 4 * elems);
+  }
+  const std::string demo = std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama";
+  std::ifstream f(demo + "/model.safetensors", std::ios::binary);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  f.read(header.data(), std::streamsize(n));
+  int64_t bytes = 0;
+  const nlohmann::json tensors = nlohmann::json::parse(header);
+  for (const auto& [name, t] : tensors.items()) {
+    if (name == "__metadata__") continue;
+    ASSERT_EQ(t["dtype"], "F32") << name;
+    bytes += t["data_offsets"][1].get<int64_t>() - t["data_offsets"][0].get<int64_t>();
+  }
+  EXPECT_EQ(Model::whole_fp32_bytes(demo), bytes);
+  EXPECT_THROW(Model::whole_fp32_bytes(demo + "/nope"), Error);
 }
 
 }  // namespace

@@ -84,6 +84,8 @@ std::string gib(int64_t bytes) {
   return buf;
 }
 
+}  // namespace
+
 // 80 % of MemAvailable, or of the cgroup's limit less its usage when that is smaller.
 int64_t default_memory_budget() {
   int64_t avail = -1;
@@ -99,6 +101,8 @@ int64_t default_memory_budget() {
   if (avail <= 0) avail = int64_t(4) << 30;
   return avail / 10 * 8;
 }
+
+namespace {
 
 // Hidden states of a chunk in an unlinked temporary file beside --out, mapped shared: a batch's
 // rows are written back and their pages dropped after each step, so they do not stay resident.

@@ -29,6 +29,23 @@ Model::~Model() = default;
 
 Model Model::load(const std::string& path) { return load(path, LoadOptions{}); }
 
+int64_t Model::whole_fp32_bytes(const std::string& path) {
+  const fs::path p(path);
+  std::error_code ec;
+  if (!fs::exists(p, ec)) throw Error(path, "", "no such file or directory");
+  const std::string name = p.filename().string();
+  std::string dir;
+  if (fs::is_directory(p)) dir = path;
+  else if (name == "config.json" || name == "model.safetensors.index.json" || p.extension() == ".safetensors")
+    dir = p.has_parent_path() ? p.parent_path().string() : ".";
+  else return int64_t(fs::file_size(p, ec));  // llama2.c: fp32 as stored
+  const ModelConfig c = detail::parse_hf_config(dir + "/config.json");
+  int64_t bytes = int64_t(c.hidden_size) * int64_t(sizeof(float));  // final norm
+  for (int l = 0; l < c.n_layers; ++l) bytes += ::kvq::layer_fp32_bytes(c, l);
+  const int64_t table = int64_t(c.vocab_size) * int64_t(c.hidden_size) * int64_t(sizeof(float));
+  return bytes + table * (c.tie_word_embeddings ? 1 : 2);
+}
+
 Model Model::load(const std::string& path, const LoadOptions& lo) {
   const fs::path p(path);
   std::error_code ec;

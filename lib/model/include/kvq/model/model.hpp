@@ -42,6 +42,9 @@ class Model {
     bool stream = false;
   };
   static Model load(const std::string& path, const LoadOptions& lo);
+  // Bytes of the whole model in fp32 (what load(path) holds), from config.json alone (a llama2.c
+  // checkpoint is fp32 already: its size). Throws like load on a missing path or a bad config.
+  static int64_t whole_fp32_bytes(const std::string& path);
 
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
