@@ -74,12 +74,12 @@ struct is_int_vector : std::false_type {};
 template <class T>
 struct is_int_vector<std::vector<T>> : std::is_integral<T> {};
 
-CalibProvenance provenance_from_json(const std::string& file, const std::string& text) {
+CalibProvenance provenance_from_json(const std::string& file, const std::string& text, const std::string& where) {
   json j;
   try {
     j = json::parse(text);
   } catch (const std::exception&) {
-    throw Error(file, "/@provenance", "not valid JSON");
+    throw Error(file, where, "not valid JSON");
   }
   CalibProvenance p;
   auto get = [&](const char* key, auto& out) {
@@ -207,8 +207,12 @@ void write_calib(const std::string& path, const CalibFile& c) {
       auto f = h5::create(tmp);
       H5::Group root = f.openGroup("/");
       h5::write_attr(root, "format", std::string(kCalibFormat));
-      h5::write_attr(root, "version", kCalibVersion);
-      h5::write_attr(root, "provenance", provenance_to_json(c.prov));
+      // A provenance too large for an attribute (HDF5: 64 KiB) is the /provenance dataset, version 4.
+      const std::string prov = provenance_to_json(c.prov);
+      const bool in_dataset = prov.size() > kCalibProvenanceAttrMax;
+      h5::write_attr(root, "version", in_dataset ? kCalibProvenanceDatasetVersion : kCalibAttrProvenanceVersion);
+      if (in_dataset) h5::write_text(root, "provenance", prov);
+      else h5::write_attr(root, "provenance", prov);
 
       auto st = h5::make_group(root, "stats");
       h5::write_attr(st, "n_layers", int64_t(sh.n_layers));
@@ -289,7 +293,18 @@ CalibFile read_calib(const std::string& path, bool samples) {
   const H5::Group& root = opened.root;
   CalibFile c;
   c.format_version = opened.header.version;
-  c.prov = provenance_from_json(path, h5::read_attr_str(path, root, "provenance"));
+  // Version 4 keeps the provenance in the /provenance dataset, older versions in the root
+  // attribute; the other place must be empty, so a file never holds two.
+  const bool in_dataset = opened.header.version >= kCalibProvenanceDatasetVersion;
+  if (in_dataset && h5::has_attr(root, "provenance"))
+    throw Error(path, "/@provenance", "a version-4 file keeps its provenance in the /provenance dataset, not the attribute");
+  if (!in_dataset && h5::has_link(root, "provenance"))
+    throw Error(path, "/provenance", "a provenance dataset needs calibration version >= " +
+                                         std::to_string(kCalibProvenanceDatasetVersion) + ", the file is version " +
+                                         std::to_string(opened.header.version));
+  c.prov = provenance_from_json(path, in_dataset ? h5::read_text(path, root, "provenance", kCalibProvenanceMaxBytes)
+                                                 : h5::read_attr_str(path, root, "provenance"),
+                                in_dataset ? "/provenance" : "/@provenance");
 
   auto st = h5::open_group(path, root, "stats");
   MomentShape sh;

@@ -17,8 +17,16 @@ inline constexpr const char* kCalibFormat = "kvq-calibration";
 // Written to disk; bump on any layout change. 2: provenance records the model's RoPE (rope_type,
 // rope_inv_freq, rope_attention_factor); version-1 files read as unscaled theta^(-2i/d_r) RoPE.
 // 3: /stats/amax_{k,v,q}, the activation maxima (Moments::k_amax ...); older files read without them.
-inline constexpr int64_t kCalibVersion = 3;
+// 4: the provenance in the root dataset /provenance (u8, its JSON's UTF-8 bytes) instead of the
+// root attribute, written only when it is too large for an HDF5 attribute (more than
+// kCalibProvenanceAttrMax bytes: a corpus folder of several hundred files); other files are
+// written at 3 and keep their bytes.
+inline constexpr int64_t kCalibVersion = 4;
 inline constexpr int64_t kCalibOldestVersion = 1;
+inline constexpr int64_t kCalibAttrProvenanceVersion = 3;     // what a file with the attribute is written at
+inline constexpr int64_t kCalibProvenanceDatasetVersion = 4;
+inline constexpr size_t kCalibProvenanceAttrMax = 60000;       // HDF5's limit is 64 KiB per header message
+inline constexpr size_t kCalibProvenanceMaxBytes = size_t(1) << 30;  // what a reader accepts
 
 struct CalibProvenance {
   std::string tool_version;
@@ -78,7 +86,7 @@ struct Holdout {
 };
 
 struct CalibFile {
-  int64_t format_version = kCalibVersion;  // as read; files are always written at kCalibVersion
+  int64_t format_version = kCalibAttrProvenanceVersion;  // as read; written at 3, or 4 for a large provenance
   CalibProvenance prov;
   Moments moments;
   std::vector<int64_t> calib_offsets;    // token-stream offsets of the calibration windows
@@ -107,6 +115,8 @@ CalibFile read_calib(const std::string& path, bool samples = true);
 std::string calib_content_digest(const CalibFile& c);
 
 std::string provenance_to_json(const CalibProvenance& p);
-CalibProvenance provenance_from_json(const std::string& file, const std::string& json);
+// `where`: the object the text came from, for the "not valid JSON" message.
+CalibProvenance provenance_from_json(const std::string& file, const std::string& json,
+                                     const std::string& where = "/@provenance");
 
 }  // namespace kvq
