@@ -20,6 +20,7 @@
 #include "kvq/io/h5.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
+#include "h5_root.hpp"
 #include "run_cmd.hpp"
 
 namespace fs = std::filesystem;
@@ -54,31 +55,9 @@ std::string capture(const std::string& out, const std::string& extra) {
          " --seq-len 64 --holdout 1 --batch 2 --out " + out + " " + extra;
 }
 
-struct Raw {
-  int64_t version = -1;
-  bool attr = false;
-  std::string dataset;
-  int rank = -1;
-  size_t elem = 0;
-};
+using Raw = kvq::test::RootText;
 
-Raw read_raw(const std::string& p) {
-  H5::Exception::dontPrint();
-  Raw out;
-  H5::H5File f(p, H5F_ACC_RDONLY);
-  H5::Group root = f.openGroup("/");
-  root.openAttribute("version").read(H5::PredType::NATIVE_INT64, &out.version);
-  out.attr = root.attrExists("provenance");
-  if (H5Lexists(root.getId(), "provenance", H5P_DEFAULT) > 0) {
-    H5::DataSet ds = root.openDataSet("provenance");
-    out.elem = ds.getDataType().getSize();
-    H5::DataSpace sp = ds.getSpace();
-    out.rank = sp.getSimpleExtentNdims();
-    out.dataset.resize(size_t(sp.getSimpleExtentNpoints()));
-    ds.read(out.dataset.data(), H5::PredType::NATIVE_UINT8);
-  }
-  return out;
-}
+Raw read_raw(const std::string& p) { return kvq::test::read_root_text_raw(p, "provenance"); }
 
 std::string slurp(const std::string& p) {
   std::ifstream in(p, std::ios::binary);

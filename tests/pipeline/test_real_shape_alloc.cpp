@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "h5_root.hpp"
 #include "run_cmd.hpp"
 
 namespace fs = std::filesystem;
@@ -57,33 +58,9 @@ std::string calibration() {
   return cal;
 }
 
-struct Raw {
-  int64_t version = -1;
-  bool attr = false;
-  std::string dataset;  // the /manifest dataset's bytes
-  H5T_class_t cls = H5T_NO_CLASS;
-  size_t elem = 0;
-  int rank = -1;
-};
+using Raw = kvq::test::RootText;
 
-// The file's root as HDF5 sees it.
-Raw read_raw(const std::string& p) {
-  Raw out;
-  H5::H5File f(p, H5F_ACC_RDONLY);
-  H5::Group root = f.openGroup("/");
-  root.openAttribute("version").read(H5::PredType::NATIVE_INT64, &out.version);
-  out.attr = root.attrExists("manifest");
-  if (H5Lexists(root.getId(), "manifest", H5P_DEFAULT) > 0) {
-    H5::DataSet ds = root.openDataSet("manifest");
-    out.cls = ds.getTypeClass();
-    out.elem = ds.getDataType().getSize();
-    H5::DataSpace sp = ds.getSpace();
-    out.rank = sp.getSimpleExtentNdims();
-    out.dataset.resize(size_t(sp.getSimpleExtentNpoints()));
-    ds.read(out.dataset.data(), H5::PredType::NATIVE_UINT8);
-  }
-  return out;
-}
+Raw read_raw(const std::string& p) { return kvq::test::read_root_text_raw(p, "manifest"); }
 
 }  // namespace
 

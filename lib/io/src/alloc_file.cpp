@@ -213,8 +213,7 @@ void write_alloc(const std::string& path, const AllocFile& a) {
       H5::Group root = f.openGroup("/");
       h5::write_attr(root, "format", std::string(kAllocFormat));
       h5::write_attr(root, "version", version);
-      if (version >= kAllocManifestDatasetVersion) h5::write_text(root, "manifest", text);
-      else h5::write_attr(root, "manifest", text);
+      h5::write_root_text(root, "manifest", text, version >= kAllocManifestDatasetVersion);
       auto t = h5::make_group(root, "tensors");
       for (const auto& h : a.heads) {
         if (h.kind == CodingKind::kTqGroups && h.ratio_bits > 0) {
@@ -250,20 +249,13 @@ AllocFile read_alloc(const std::string& path) {
   const H5::Group& root = opened.root;
   json m;
   // Version 5 keeps the manifest in the /manifest dataset (too large for an attribute), older
-  // versions in the root attribute; the other place must be empty, so a file never holds two.
-  const bool in_dataset = opened.header.version >= kAllocManifestDatasetVersion;
-  const std::string manifest_at = in_dataset ? "/manifest" : "/@manifest";
-  if (in_dataset && h5::has_attr(root, "manifest"))
-    throw Error(path, "/@manifest", "a version-5 file keeps its manifest in the /manifest dataset, not the attribute");
-  if (!in_dataset && h5::has_link(root, "manifest"))
-    throw Error(path, "/manifest", "a manifest dataset needs allocation version >= " +
-                                       std::to_string(kAllocManifestDatasetVersion) + ", the file is version " +
-                                       std::to_string(opened.header.version));
+  // versions in the root attribute.
+  const int64_t version = opened.header.version;
   try {
-    m = json::parse(in_dataset ? h5::read_text(path, root, "manifest", kAllocManifestMaxBytes)
-                               : h5::read_attr_str(path, root, "manifest"));
+    m = json::parse(h5::read_root_text(path, root, "manifest", version, kAllocManifestDatasetVersion, "allocation",
+                                       kAllocManifestMaxBytes));
   } catch (const json::exception&) {
-    throw Error(path, manifest_at, "not valid JSON");
+    throw Error(path, version >= kAllocManifestDatasetVersion ? "/manifest" : "/@manifest", "not valid JSON");
   }
   AllocFile a;
   std::string field;

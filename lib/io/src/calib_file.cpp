@@ -211,8 +211,7 @@ void write_calib(const std::string& path, const CalibFile& c) {
       const std::string prov = provenance_to_json(c.prov);
       const bool in_dataset = prov.size() > kCalibProvenanceAttrMax;
       h5::write_attr(root, "version", in_dataset ? kCalibProvenanceDatasetVersion : kCalibAttrProvenanceVersion);
-      if (in_dataset) h5::write_text(root, "provenance", prov);
-      else h5::write_attr(root, "provenance", prov);
+      h5::write_root_text(root, "provenance", prov, in_dataset);
 
       auto st = h5::make_group(root, "stats");
       h5::write_attr(st, "n_layers", int64_t(sh.n_layers));
@@ -293,17 +292,12 @@ CalibFile read_calib(const std::string& path, bool samples) {
   const H5::Group& root = opened.root;
   CalibFile c;
   c.format_version = opened.header.version;
-  // Version 4 keeps the provenance in the /provenance dataset, older versions in the root
-  // attribute; the other place must be empty, so a file never holds two.
+  // Version 4 keeps the provenance in the /provenance dataset, older versions in the attribute.
   const bool in_dataset = opened.header.version >= kCalibProvenanceDatasetVersion;
-  if (in_dataset && h5::has_attr(root, "provenance"))
-    throw Error(path, "/@provenance", "a version-4 file keeps its provenance in the /provenance dataset, not the attribute");
-  if (!in_dataset && h5::has_link(root, "provenance"))
-    throw Error(path, "/provenance", "a provenance dataset needs calibration version >= " +
-                                         std::to_string(kCalibProvenanceDatasetVersion) + ", the file is version " +
-                                         std::to_string(opened.header.version));
-  c.prov = provenance_from_json(path, in_dataset ? h5::read_text(path, root, "provenance", kCalibProvenanceMaxBytes)
-                                                 : h5::read_attr_str(path, root, "provenance"),
+  c.prov = provenance_from_json(path,
+                                h5::read_root_text(path, root, "provenance", opened.header.version,
+                                                   kCalibProvenanceDatasetVersion, "calibration",
+                                                   kCalibProvenanceMaxBytes),
                                 in_dataset ? "/provenance" : "/@provenance");
 
   auto st = h5::open_group(path, root, "stats");

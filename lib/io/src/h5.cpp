@@ -360,4 +360,23 @@ std::string read_text(const std::string& file, const H5::Group& g, const std::st
   return std::string(bytes.begin(), bytes.end());
 }
 
+void write_root_text(H5::Group& root, const std::string& name, const std::string& text, bool as_dataset) {
+  if (as_dataset) write_text(root, name, text);
+  else write_attr(root, name, text);
+}
+
+std::string read_root_text(const std::string& file, const H5::Group& root, const std::string& name, int64_t version,
+                           int64_t since, const std::string& kind, size_t max_bytes) {
+  if (version >= since) {
+    if (has_attr(root, name))
+      throw Error(file, "/@" + name, "a version-" + std::to_string(version) + " file keeps its " + name + " in the /" +
+                                         name + " dataset, not the attribute");
+    return read_text(file, root, name, max_bytes);
+  }
+  if (has_link(root, name))
+    throw Error(file, "/" + name, "a " + name + " dataset needs " + kind + " version >= " + std::to_string(since) +
+                                      ", the file is version " + std::to_string(version));
+  return read_attr_str(file, root, name);
+}
+
 }  // namespace kvq::h5

@@ -21,6 +21,7 @@
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
+#include "reservoir.hpp"
 
 namespace kvq {
 namespace {
@@ -149,18 +150,6 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
   return tables;
 }
 
-// The RoPE the calibration file records (its windows' own), for post-RoPE K.
-codec::RopeSpec calib_rope(const CalibFile& c) {
-  codec::RopeSpec rope;
-  rope.enabled = true;
-  rope.theta = c.prov.rope_theta;
-  rope.rotary_dim = c.prov.rotary_dim;
-  rope.pairing = c.prov.pairing;
-  rope.inv_freq = c.prov.rope_inv_freq;
-  rope.attention_factor = c.prov.rope_attention_factor;
-  return rope;
-}
-
 // layer-precision: per (layer, head, format) the MSE of coding the reservoir's rows (K post-RoPE,
 // as the serving cache stores it) with the head's static scale from its amax.
 alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOptions& o) {
@@ -182,7 +171,7 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
   const size_t F = in.formats.size();
   in.k_mse.assign(size_t(L * H) * F, 0.0);
   in.v_mse.assign(size_t(L * H) * F, 0.0);
-  const codec::RopeSpec rope = calib_rope(c);
+  const codec::RopeSpec rope = calib_rope(c.prov);
   std::vector<float> x(size_t(n) * size_t(d)), y(x.size());
   for (Side side : {Side::kK, Side::kV}) {
     const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
@@ -326,74 +315,6 @@ std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag
     out.push_back(f);
     pos = comma + 1;
   }
-  return out;
-}
-
-std::vector<float> reservoir_rows(const CalibFile& c, const HeadDecision& dec, int64_t n) {
-  const auto sh = c.shape();
-  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
-  KVQ_ASSERT(n >= 0 && n <= int64_t(c.reservoir.size()));
-  const codec::RopeSpec rope = calib_rope(c);
-  const auto& src = dec.side == Side::kK ? c.reservoir.k : c.reservoir.v;
-  const size_t l = size_t(dec.layer), h = size_t(dec.kv_head);
-  std::vector<float> x(size_t(n) * size_t(d));
-  for (int64_t t = 0; t < n; ++t) {
-    float* row = x.data() + size_t(t) * size_t(d);
-    std::copy_n(src.data() + ((size_t(t) * size_t(L) + l) * size_t(H) + h) * size_t(d), d, row);
-    if (dec.post_rope) codec::reference_apply_rope(row, d, c.reservoir.source[size_t(2 * t + 1)], rope);
-  }
-  return x;
-}
-
-NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecision& dec, int measure_tokens) {
-  KVQ_ASSERT(dec.kind == CodingKind::kTqGroups);
-  const auto sh = c.shape();
-  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads, NQ = c.prov.n_heads;
-  const int G = NQ / H;
-  const int64_t n = std::min<int64_t>(c.reservoir.size(), measure_tokens);
-  KVQ_ASSERT(n >= 1);
-  const int64_t nq = std::min<int64_t>(n, kNormCorrectionQueries);
-  const codec::RopeSpec rope = calib_rope(c);
-  const bool k_side = dec.side == Side::kK;
-  const size_t h = size_t(dec.kv_head), l = size_t(dec.layer);
-  const std::vector<float> x = reservoir_rows(c, dec, n);
-  // Queries (K only): the group's query heads, rotated at their own positions.
-  std::vector<double> q;
-  if (k_side) {
-    q.resize(size_t(nq) * size_t(G) * size_t(d));
-    std::vector<float> row(static_cast<size_t>(d), 0.f);
-    for (int64_t t = 0; t < nq; ++t)
-      for (int j = 0; j < G; ++j) {
-        const size_t qh = h * size_t(G) + size_t(j);
-        std::copy_n(c.reservoir.q.data() + ((size_t(t) * size_t(L) + l) * size_t(NQ) + qh) * size_t(d), d, row.data());
-        codec::reference_apply_rope(row.data(), d, c.reservoir.source[size_t(2 * t + 1)], rope);
-        std::copy(row.begin(), row.end(), q.begin() + std::ptrdiff_t((size_t(t) * size_t(G) + size_t(j)) * size_t(d)));
-      }
-  }
-  NormCorrectionChoice out;
-  std::vector<float> y(x.size());
-  std::vector<double> e(static_cast<size_t>(d), 0.0);
-  for (int on = 0; on < 2; ++on) {
-    HeadDecision dd = dec;
-    dd.norm_correction = on == 1;
-    codec::HeadCodec(dd, d).round_trip(x.data(), int(n), y.data());
-    double acc = 0;
-    for (int64_t s = 0; s < n; ++s) {
-      for (int i = 0; i < d; ++i) e[size_t(i)] = double(x[size_t(s) * size_t(d) + size_t(i)]) - y[size_t(s) * size_t(d) + size_t(i)];
-      if (!k_side) {
-        for (int i = 0; i < d; ++i) acc += e[size_t(i)] * e[size_t(i)];
-        continue;
-      }
-      for (size_t r = 0; r < size_t(nq) * size_t(G); ++r) {
-        const double* qr = q.data() + r * size_t(d);
-        double dot = 0;
-        for (int i = 0; i < d; ++i) dot += qr[i] * e[size_t(i)];
-        acc += std::fabs(dot);
-      }
-    }
-    out.err[on] = k_side ? acc / (double(n) * double(nq) * double(G)) : acc / double(n);
-  }
-  out.on = out.err[1] < out.err[0];
   return out;
 }
 

@@ -16,6 +16,7 @@
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/pipeline/allocate.hpp"
 #include "kvq/util/error.hpp"
+#include "reservoir.hpp"
 #if KVQ_HAVE_CUDA
 #include "kvq/cuda/cuda.hpp"
 #endif
@@ -39,17 +40,6 @@ struct Accum {  // sums behind one layer's Metrics
     return m;
   }
 };
-
-codec::RopeSpec rope_of(const CalibProvenance& p) {
-  codec::RopeSpec r;
-  r.enabled = true;
-  r.theta = p.rope_theta;
-  r.rotary_dim = p.rotary_dim;
-  r.pairing = p.pairing;
-  r.inv_freq = p.rope_inv_freq;
-  r.attention_factor = p.rope_attention_factor;
-  return r;
-}
 
 // Softmax over the first n entries of row (double), in place into p.
 void softmax(const double* s, int n, std::vector<double>& p) {
@@ -111,7 +101,7 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
   const auto sh = c.shape();
   const int L = sh.n_layers, H = sh.n_kv_heads, NH = sh.n_heads, d = sh.head_dim, gs = sh.group_size();
   const int M = c.holdout.windows, T = c.prov.seq_len;
-  const auto rope = rope_of(c.prov);
+  const auto rope = calib_rope(c.prov);
   const float inv_sqrt_d = 1.0f / std::sqrt(float(d));
   CodedReport rep;
   rep.name = name;

@@ -40,6 +40,13 @@ void write(H5::Group& g, const std::string& name, const std::vector<hsize_t>& di
 // as a 1-D u8 dataset of its bytes; read_text refuses more than max_bytes before allocating.
 void write_text(H5::Group& g, const std::string& name, const std::string& text);
 std::string read_text(const std::string& file, const H5::Group& g, const std::string& name, size_t max_bytes);
+// A root JSON text that files of version >= `since` keep as the dataset `name` (write_text) and
+// older files as the string attribute `name`: written where `as_dataset` says; read from where the
+// file's `version` says, the other place refused (one line naming the object, the `kind` of file
+// and both versions), so a file never holds two.
+void write_root_text(H5::Group& root, const std::string& name, const std::string& text, bool as_dataset);
+std::string read_root_text(const std::string& file, const H5::Group& root, const std::string& name, int64_t version,
+                           int64_t since, const std::string& kind, size_t max_bytes);
 
 // Reads a dataset after checking its shape equals `expect` (validate before allocating).
 std::vector<double> read_f64(const std::string& file, const H5::Group& g, const std::string& name,
