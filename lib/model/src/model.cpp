@@ -29,16 +29,23 @@ Model::~Model() = default;
 
 Model Model::load(const std::string& path) { return load(path, LoadOptions{}); }
 
-int64_t Model::whole_fp32_bytes(const std::string& path) {
+// The HF directory `path` names — itself, or the directory of a config.json / index / safetensors
+// file inside one (such a file stands for its directory) — or "" for a llama2.c checkpoint.
+static std::string hf_dir_of(const std::string& path) {
   const fs::path p(path);
   std::error_code ec;
   if (!fs::exists(p, ec)) throw Error(path, "", "no such file or directory");
+  if (fs::is_directory(p)) return path;
   const std::string name = p.filename().string();
-  std::string dir;
-  if (fs::is_directory(p)) dir = path;
-  else if (name == "config.json" || name == "model.safetensors.index.json" || p.extension() == ".safetensors")
-    dir = p.has_parent_path() ? p.parent_path().string() : ".";
-  else return int64_t(fs::file_size(p, ec));  // llama2.c: fp32 as stored
+  if (name == "config.json" || name == "model.safetensors.index.json" || p.extension() == ".safetensors")
+    return p.has_parent_path() ? p.parent_path().string() : ".";
+  return "";
+}
+
+int64_t Model::whole_fp32_bytes(const std::string& path) {
+  const std::string dir = hf_dir_of(path);
+  std::error_code ec;
+  if (dir.empty()) return int64_t(fs::file_size(path, ec));  // llama2.c: fp32 as stored
   const ModelConfig c = detail::parse_hf_config(dir + "/config.json");
   int64_t bytes = int64_t(c.hidden_size) * int64_t(sizeof(float));  // final norm
   for (int l = 0; l < c.n_layers; ++l) bytes += ::kvq::layer_fp32_bytes(c, l);
@@ -47,24 +54,12 @@ int64_t Model::whole_fp32_bytes(const std::string& path) {
 }
 
 Model Model::load(const std::string& path, const LoadOptions& lo) {
-  const fs::path p(path);
-  std::error_code ec;
-  if (!fs::exists(p, ec)) throw Error(path, "", "no such file or directory");
+  const std::string dir = hf_dir_of(path);
   Model m;
   m.w_ = std::make_unique<ModelWeights>();
-  m.path_ = path;
-  const std::string name = p.filename().string();
-  if (fs::is_directory(p)) {
-    detail::load_hf(path, &m.config_, m.w_.get(), &m.config_sha256_, lo.stream);
-  } else if (name == "config.json" || name == "model.safetensors.index.json" ||
-             p.extension() == ".safetensors") {
-    // A file inside an HF directory stands for the directory.
-    const std::string dir = p.has_parent_path() ? p.parent_path().string() : ".";
-    detail::load_hf(dir, &m.config_, m.w_.get(), &m.config_sha256_, lo.stream);
-    m.path_ = dir;
-  } else {
-    detail::load_llama2c(path, &m.config_, m.w_.get(), &m.config_sha256_);
-  }
+  m.path_ = dir.empty() ? path : dir;
+  if (dir.empty()) detail::load_llama2c(path, &m.config_, m.w_.get(), &m.config_sha256_);
+  else detail::load_hf(dir, &m.config_, m.w_.get(), &m.config_sha256_, lo.stream);
   return m;
 }
 
