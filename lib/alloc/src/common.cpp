@@ -29,20 +29,7 @@ void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocS
   int64_t code = 0;
   double bpd_sum = 0.0;
   for (const auto& h : heads) {
-    switch (h.kind) {
-      case CodingKind::kTqGroups:
-        for (const auto& g : h.groups) code += static_cast<int64_t>(g.bits) * static_cast<int64_t>(g.dims.size());
-        break;
-      case CodingKind::kLowRankHadamard:
-        code += static_cast<int64_t>(h.rank) * h.bits;
-        break;
-      case CodingKind::kKivi:
-        code += static_cast<int64_t>(h.bits) * head_dim;
-        break;
-      case CodingKind::kMinifloat:  // 8-bit E4M3 or 4-bit E2M1 codes (NVFP4 block scales are records)
-        code += static_cast<int64_t>(h.minifloat == MinifloatFormat::kFp8E4M3 ? 8 : 4) * head_dim;
-        break;
-    }
+    code += code_bits(h, head_dim);  // the kind's per-dimension widths (kvq/format/coding_kinds.hpp)
     try {  // the basis and mean fix what the codes mean, not how many bytes they take
       bpd_sum += layout::effective_bpd(layout::layout_ignoring_payload(h, head_dim));
     } catch (const Error&) {

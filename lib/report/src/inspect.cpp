@@ -46,16 +46,6 @@ std::string utc(int64_t t) {
 
 std::string side_str(Side s) { return s == Side::kK ? "K" : "V"; }
 
-std::string kind_str(CodingKind k) {
-  switch (k) {
-    case CodingKind::kTqGroups: return "tq-groups";
-    case CodingKind::kLowRankHadamard: return "lowrank-hadamard";
-    case CodingKind::kKivi: return "kivi";
-    case CodingKind::kMinifloat: return "minifloat";
-  }
-  return "?";
-}
-
 std::string join_ints(const std::vector<int>& v) {
   std::string s;
   for (size_t i = 0; i < v.size(); ++i) s += (i ? " " : "") + std::to_string(v[i]);
@@ -260,20 +250,21 @@ std::vector<Table> alloc_tables(const AllocFile& a, const CalibFile* c) {
                   "pred_D", "pred_D_before_C2", "block_bits"};
   heads.left = {true, false, false, true, false, false, false, false, false, false, false, true};
   for (const auto& h : a.heads) {
-    const bool lr = h.kind == CodingKind::kLowRankHadamard;
-    std::string bits = lr || h.kind == CodingKind::kKivi ? std::to_string(h.bits) : "-";
-    if (h.kind == CodingKind::kMinifloat) bits = to_string(h.minifloat);  // fp8 / nvfp4
-    if (h.kind == CodingKind::kTqGroups && !h.groups.empty()) {
+    const bool lr = uses(h, kFieldRank);
+    std::string bits = "-";
+    if (uses(h, kFieldBits)) bits = std::to_string(h.bits);
+    if (uses(h, kFieldMinifloat)) bits = to_string(h.minifloat);  // fp8 / nvfp4
+    if (uses(h, kFieldGroups) && !h.groups.empty()) {
       int lo = 99, hi = 0;
       for (const auto& g : h.groups) lo = std::min(lo, g.bits), hi = std::max(hi, g.bits);
       bits = lo == hi ? std::to_string(lo) : std::to_string(lo) + "-" + std::to_string(hi);
     }
     // Per-block widths only say something when they differ (Block-GTQ).
-    const bool blocks = h.kind == CodingKind::kTqGroups && h.groups.size() > 1;
+    const bool blocks = uses(h, kFieldGroups) && h.groups.size() > 1;
     const auto& b = before[h.side];
     const size_t idx = size_t(h.layer * H + h.kv_head);
-    heads.add({side_str(h.side), std::to_string(h.layer), std::to_string(h.kv_head), kind_str(h.kind),
-               lr ? std::to_string(h.rank) : "-", bits, lr ? std::to_string(h.budget_bits) : "-",
+    heads.add({side_str(h.side), std::to_string(h.layer), std::to_string(h.kv_head), to_string(h.kind),
+               lr ? std::to_string(h.rank) : "-", bits, uses(h, kFieldBudgetBits) ? std::to_string(h.budget_bits) : "-",
                std::to_string(code_bits(h, d)), fmt_fixed(head_effective_bpd(h, d), 3),
                h.predicted_distortion != 0 || lr ? fmt(h.predicted_distortion) : "-",
                idx < b.size() ? fmt(b[idx]) : "-", blocks ? join_ints(block_widths(h, a.calib)) : "-"});
@@ -320,7 +311,7 @@ std::string alloc_summary_text(const AllocFile& a, const std::string& path, cons
   {  // side information of TQ heads with several groups: fp16 per group or the compact record
     int n_multi = 0, n_compact = 0, k = 0;
     for (const auto& h : a.heads) {
-      if (h.kind != CodingKind::kTqGroups || h.groups.size() < 2) continue;
+      if (!uses(h, kFieldGroups) || h.groups.size() < 2) continue;
       ++n_multi;
       if (h.ratio_bits > 0) ++n_compact, k = h.ratio_bits;
     }
@@ -543,7 +534,7 @@ InspectResult run_inspect(const InspectOptions& o, std::FILE* out) {
     const std::string stem = dir + file_stem(path);
     add_files(&r, plot_fingerprint(a, stem + ".fingerprint"));
     const bool lowrank = std::any_of(a.heads.begin(), a.heads.end(),
-                                     [](const HeadDecision& h) { return h.kind == CodingKind::kLowRankHadamard; });
+                                     [](const HeadDecision& h) { return uses(h, kFieldRank); });
     if (lowrank)
       add_files(&r, plot_cobra_heads(a, distortion_before_c2(a, c, Side::kK), distortion_before_c2(a, c, Side::kV),
                                      stem + ".cobra_heads"));

@@ -152,7 +152,7 @@ std::vector<std::string> plot_energy(const CalibFile& c, const AllocFile* a, int
     const HeadDecision* h = find_head(*a, Side::kK, layer, kv_head);
     if (h) bits = block_widths(*h, a->calib);
     if (bits.empty())
-      note = "K is coded " + std::string(h && h->kind == CodingKind::kLowRankHadamard
+      note = "K is coded " + std::string(h && uses(*h, kFieldRank)
                                              ? "in a low-rank eigenbasis (rank " + std::to_string(h->rank) + ", " +
                                                    std::to_string(h->bits) + " b): no per-block width, see the eigen plot"
                                              : "without per-block widths");
@@ -202,7 +202,7 @@ std::vector<std::string> plot_cobra_heads(const AllocFile& a, const std::vector<
   std::vector<Side> sides;
   for (Side s : {Side::kK, Side::kV})
     for (const auto& h : a.heads)
-      if (h.side == s && h.kind == CodingKind::kLowRankHadamard) {
+      if (h.side == s && uses(h, kFieldRank)) {
         sides.push_back(s);
         break;
       }
@@ -221,7 +221,7 @@ std::vector<std::string> plot_cobra_heads(const AllocFile& a, const std::vector<
       std::map<std::pair<int, int>, int> count;
       int bmax = 1;
       for (const auto& h : a.heads)
-        if (h.side == side && h.kind == CodingKind::kLowRankHadamard) {
+        if (h.side == side && uses(h, kFieldRank)) {
           ++count[{h.rank, h.bits}];
           bmax = std::max(bmax, h.bits);
         }
@@ -339,7 +339,7 @@ std::vector<std::string> plot_eigen(const CalibFile& c, const AllocFile* a, int 
       lg.push_back({entry, col, side == Side::kK ? Mark::kDot : Mark::kSquare});
       if (a) {
         const HeadDecision* h = find_head(*a, side, layer, kv_head);
-        if (h && h->kind == CodingKind::kLowRankHadamard) {
+        if (h && uses(*h, kFieldRank)) {
           p.vline(h->rank + 0.5, col, 1.8, true);
           const bool kl = side == Side::kK && side_method(*a, side) == Method::kCobraKl;
           kept.push_back({std::string(side_name(side)) + " kept: rank " + std::to_string(h->rank) + " × " +

@@ -19,34 +19,8 @@ FileKind detect_kind(const std::string& path) { return read_kvq_header(path).kin
 
 // ---- allocation ----
 
-std::vector<int> dim_widths(const HeadDecision& h, int d) {
-  std::vector<int> w(size_t(d), 0);
-  switch (h.kind) {
-    case CodingKind::kTqGroups:
-      for (const auto& g : h.groups)
-        for (int i : g.dims)
-          if (i >= 0 && i < d) w[size_t(i)] = g.bits;
-      break;
-    case CodingKind::kLowRankHadamard:
-      for (int i = 0; i < std::min(h.rank, d); ++i) w[size_t(i)] = h.bits;
-      break;
-    case CodingKind::kKivi:
-      std::fill(w.begin(), w.end(), h.bits);
-      break;
-    case CodingKind::kMinifloat:  // code bits only: NVFP4's block scales are records, like KIVI's
-      std::fill(w.begin(), w.end(), h.minifloat == MinifloatFormat::kFp8E4M3 ? 8 : 4);
-      break;
-  }
-  return w;
-}
-
-int64_t code_bits(const HeadDecision& h, int d) {
-  const auto w = dim_widths(h, d);
-  return std::accumulate(w.begin(), w.end(), int64_t(0));
-}
-
 std::vector<int> block_widths(const HeadDecision& h, const CalibProvenance& p) {
-  if (h.kind != CodingKind::kTqGroups) return {};
+  if (!uses(h, kFieldGroups)) return {};
   const auto w = dim_widths(h, p.head_dim);
   std::vector<int> out;
   for (int i = 0; i < p.head_dim / 2; ++i) {
@@ -310,9 +284,8 @@ Comparison compare_allocs(const AllocFile& a, const std::string& pa, const Alloc
         const int64_t cb = std::accumulate(wb.begin(), wb.end(), int64_t(0));
         m.bits_a += ca;
         m.bits_b += cb;
-        // Coordinates are comparable only when both code the head's own dimensions.
-        const bool same_coords = ha && hb && ha->kind != CodingKind::kLowRankHadamard &&
-                                 hb->kind != CodingKind::kLowRankHadamard;
+        // Coordinates are comparable only when both code the head's own dimensions (not a basis's).
+        const bool same_coords = ha && hb && !uses(*ha, kFieldBasisMean) && !uses(*hb, kFieldBasisMean);
         if (same_coords) {
           for (int i = 0; i < d; ++i) {
             m.gained += std::max(0, wb[size_t(i)] - wa[size_t(i)]);

@@ -34,45 +34,11 @@ DevHead make_dev_head(const codec::HeadCodec& c, Upload&& upload) {
   DevHead v;
   std::fill(reinterpret_cast<char*>(&v), reinterpret_cast<char*>(&v) + sizeof(v), 0);
   v.L = c.layout();
-  const int d = c.head_dim();
   switch (c.decision().kind) {
-    case CodingKind::kTqGroups: {
-      std::vector<float> rot, cb;
-      std::vector<int32_t> dims(static_cast<size_t>(d));
-      std::vector<uint8_t> group_of(static_cast<size_t>(d));
-      for (size_t g = 0; g < c.tq_groups().size(); ++g) {
-        const auto& G = c.tq_groups()[g];
-        v.latent_off[g] = G.latent_offset;
-        v.rot_off[g] = static_cast<uint32_t>(rot.size());
-        v.cb_off[g] = static_cast<uint32_t>(cb.size());
-        rot.insert(rot.end(), G.rotation->matrix.begin(), G.rotation->matrix.end());
-        cb.insert(cb.end(), G.centroids.begin(), G.centroids.end());
-        for (size_t j = 0; j < G.dims.size(); ++j) {
-          dims[G.latent_offset + j] = G.dims[j];
-          group_of[G.latent_offset + j] = static_cast<uint8_t>(g);
-        }
-      }
-      v.rot = upload(rot);
-      v.codebook = upload(cb);
-      v.dims = upload(dims);
-      v.group_of = upload(group_of);
-      v.norm_correction = c.decision().norm_correction ? 1u : 0u;
-      if (c.layout().ratio_bits > 0) {
-        v.norm_levels = upload(c.norm_levels());
-        v.ratios = upload(c.ratio_codebook());
-      }
-      break;
-    }
-    case CodingKind::kLowRankHadamard:
-      v.folded = upload(c.folded_basis());
-      v.mean = upload(c.mean());
-      v.step_unit = c.step_unit();
-      break;
-    case CodingKind::kKivi:
-      break;
-    case CodingKind::kMinifloat:
-      reject_unsupported_kind(c);
-      break;
+    case CodingKind::kTqGroups: tq_dev_tables(c, v, upload); break;
+    case CodingKind::kLowRankHadamard: lrh_dev_tables(c, v, upload); break;
+    case CodingKind::kKivi: break;
+    case CodingKind::kMinifloat: reject_unsupported_kind(c); break;
   }
   return v;
 }

@@ -51,6 +51,11 @@
 
 namespace kvq::codec {
 
+namespace detail {
+class KindCodec;  // one per coding kind: src/kind_<name>.{hpp,cpp}
+}
+
+// Dispatches once, when built, to its kind's codec (lib/codec/README.md).
 class HeadCodec {
  public:
   // Validates (kvq::Error on a bad decision, see layout_for) and builds the tables: rotations and
@@ -59,7 +64,7 @@ class HeadCodec {
   // concurrently once built (all methods are const).
   HeadCodec(const HeadDecision& dec, int head_dim);
 
-  const HeadDecision& decision() const { return dec_; }
+  const HeadDecision& decision() const;
   const layout::PackedLayout& layout() const { return layout_; }
   int head_dim() const { return d_; }
   int code_dim() const { return static_cast<int>(layout_.code_dim); }
@@ -73,6 +78,10 @@ class HeadCodec {
   void decode(const uint8_t* packed, int n_tokens, float* out) const;
   // quantize -> dequantize.
   void round_trip(const float* x, int n_tokens, float* out) const;
+  // A query in the latent domain: qc [code_dim] and *q_off such that q . decode(token) =
+  // qc . latent(token) + q_off for every token (TQ: Pi_g q per group, q_off 0; low rank: M q and
+  // q . mu; KIVI, minifloat: q itself). Sums in double, rounded once.
+  void query_to_latent(const float* q, float* qc, float* q_off) const;
 
   // Integer codes, [n_tokens][code_dim] in code-stream order (TQ: group by group).
   void unpack_codes(const uint8_t* packed, int n_tokens, uint8_t* codes) const;
@@ -90,30 +99,19 @@ class HeadCodec {
     std::vector<float> centroids;      // 2^bits: N(0, 1/m) or the sphere law (group_codebook)
     std::vector<float> thresholds;     // 2^bits - 1
   };
-  const std::vector<TqGroupTables>& tq_groups() const { return groups_; }
+  const std::vector<TqGroupTables>& tq_groups() const;
   // Compact group norms (decision().ratio_bits > 0): the head-norm levels (tq_compact_levels) and
   // the ratio codebook [2^k][n_groups]; both empty otherwise.
-  const std::vector<float>& norm_levels() const { return norm_levels_; }
-  const std::vector<float>& ratio_codebook() const { return dec_.ratio_codebook; }
-  const std::vector<float>& folded_basis() const { return folded_; }  // M = H P D U_r^T, [r][d]
-  const std::vector<float>& mean() const { return mean_; }            // [d]
-  float step_unit() const { return step_unit_; }                      // step*(b) / sqrt(r)
+  const std::vector<float>& norm_levels() const;
+  const std::vector<float>& ratio_codebook() const { return decision().ratio_codebook; }
+  const std::vector<float>& folded_basis() const;  // M = H P D U_r^T, [r][d]
+  const std::vector<float>& mean() const;          // [d]
+  float step_unit() const;                         // step*(b) / sqrt(r)
 
  private:
-  void encode_tq(const float* x, int n_tokens, uint8_t* out) const;
-  void encode_lrh(const float* x, int n_tokens, uint8_t* out) const;
-  void encode_kivi(const float* x, int n_tokens, uint8_t* out) const;
-  void encode_minifloat(const float* x, int n_tokens, uint8_t* out) const;
-  void latent_to_output(const float* latent, int n_tokens, float* out) const;
-
-  HeadDecision dec_;
   int d_ = 0;
   layout::PackedLayout layout_{};
-  std::vector<TqGroupTables> groups_;
-  bool tq_identity_dims_ = false;  // a single group with dims 0..d-1: no scatter
-  std::vector<float> norm_levels_;  // compact group norms only
-  std::vector<float> folded_, folded_t_, mean_;  // M [r][d], M^T [d][r], mu [d]
-  float step_unit_ = 0.f;
+  std::shared_ptr<const detail::KindCodec> kind_;
 };
 
 // Convenience: decision -> quantize -> dequantize of x [n_tokens][head_dim].

@@ -28,6 +28,7 @@ constexpr uint32_t kKindTqGroups = 0;
 constexpr uint32_t kKindLowRankHadamard = 1;
 constexpr uint32_t kKindKivi = 2;
 constexpr uint32_t kKindMinifloat = 3;
+constexpr uint32_t kNumKinds = 4;
 constexpr uint32_t kSideK = 0;
 constexpr uint32_t kSideV = 1;
 
@@ -97,7 +98,7 @@ KVQ_HD void finish_block(PackedLayout& L) {
 
 // TQ-MSE on n_groups coordinate groups: records = one fp16 norm per group (group order), or with
 // ratio_bits > 0 one compact 16-bit record (kCompactRecordBits); codes = group 0's dim codes, then
-// group 1's, ... Preconditions (checked by the host builder in kvq/format/decision_layout.hpp):
+// group 1's, ... Preconditions (checked by the host builder in kvq/format/coding_kinds.hpp):
 // 1 <= n_groups <= kMaxGroups, bits in [1, 8], sum of dims == head_dim, ratio_bits in 0..8
 // (> 0 only with n_groups >= 2).
 KVQ_HD PackedLayout make_tq_layout(uint32_t side, uint32_t head_dim, const uint16_t* dims,
@@ -164,6 +165,34 @@ KVQ_HD PackedLayout make_kivi_layout(uint32_t side, uint32_t head_dim, uint32_t 
   }
   L.meta_bytes = L.n_records * (uint32_t)sizeof(KiviRecord);
   L.code_bits_per_token = head_dim * bits;
+  finish_block(L);
+  return L;
+}
+
+// A serving engine's minifloat (kvq::MinifloatFormat: these numbers are its values), one token per
+// block, codes LSB-first (schemas/packed-layout.md, kind 3):
+//  FP8 E4M3: no records, d 8-bit E4M3 codes; the static per-head scale lives in the decision.
+//  NVFP4:    ceil(d/16) one-byte E4M3 block scales as the records, then d 4-bit E2M1 codes; the
+//            fp32 global scale lives in the decision. group_size = 16 (channels per block scale).
+constexpr uint32_t kMinifloatFp8E4M3 = 0;
+constexpr uint32_t kMinifloatNvfp4 = 1;
+constexpr uint32_t kNvfp4BlockValues = 16;  // = kvq::codec::kNvfp4Block
+KVQ_HD PackedLayout make_minifloat_layout(uint32_t side, uint32_t head_dim, uint32_t format) {
+  PackedLayout L = empty_layout();
+  L.kind = kKindMinifloat;
+  L.side = side;
+  L.head_dim = head_dim;
+  L.code_dim = head_dim;
+  L.tokens_per_block = 1;
+  if (format == kMinifloatFp8E4M3) {
+    L.bits = 8;
+  } else {
+    L.bits = 4;
+    L.group_size = kNvfp4BlockValues;
+    L.n_records = (head_dim + kNvfp4BlockValues - 1) / kNvfp4BlockValues;
+    L.meta_bytes = L.n_records;  // one E4M3 byte per block scale
+  }
+  L.code_bits_per_token = head_dim * L.bits;
   finish_block(L);
   return L;
 }

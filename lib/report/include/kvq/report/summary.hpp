@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvq/format/decision.hpp"
+#include "kvq/format/decision_layout.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
 #include "kvq/io/kvq_file.hpp"
@@ -21,10 +22,12 @@ FileKind detect_kind(const std::string& path);
 
 // ---- allocation ----
 
-// Stored width of each of the head's d coordinates. TQ groups: per head dimension; low rank: the
-// `rank` kept eigen-directions at `bits`, the other d - rank at 0 (not stored); KIVI: all at `bits`.
-std::vector<int> dim_widths(const HeadDecision& h, int head_dim);
-int64_t code_bits(const HeadDecision& h, int head_dim);  // code bits per token
+// Stored width of each of the head's d coordinates, and their sum, the code bits per token: the
+// kind's row of kCodingKinds (kvq/format/coding_kinds.hpp). TQ groups: per head dimension; low
+// rank: the `rank` kept eigen-directions at `bits`, the other d - rank at 0 (not stored); KIVI: all
+// at `bits`; minifloat: 8 (FP8) or 4 (NVFP4).
+using kvq::code_bits;
+using kvq::dim_widths;
 // Width of each RoPE block (both coordinates) for TQ-group heads; empty for codings without a
 // per-block width (low rank, KIVI).
 std::vector<int> block_widths(const HeadDecision& h, const CalibProvenance& p);
