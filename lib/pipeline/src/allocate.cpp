@@ -12,7 +12,6 @@
 #include "kvq/alloc/cobra.hpp"
 #include "kvq/alloc/layer_precision.hpp"
 #include "kvq/alloc/uniform.hpp"
-#include "kvq/codec/attention.hpp"
 #include "kvq/codec/codebook.hpp"
 #include "kvq/codec/codec.hpp"
 #include "kvq/codec/group_norms.hpp"
@@ -103,15 +102,12 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
   const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
   if (n < 1)
     throw Error(o.calib, "/reservoir", "empty: cobra-measured needs reservoir rows (calib-capture --reservoir-tokens)");
-  const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
   std::vector<alloc::MeasuredTable> tables;
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h) {
       const auto& hi = in[size_t(l * H + h)];
-      std::vector<float> x(size_t(n) * size_t(d)), y(x.size());
-      for (int64_t t = 0; t < n; ++t)
-        std::copy_n(src.data() + ((size_t(t) * size_t(L) + size_t(l)) * size_t(H) + size_t(h)) * size_t(d), d,
-                    x.data() + size_t(t) * size_t(d));
+      const std::vector<float> x = reservoir_rows(c, l, h, side, false, n);  // COBRA codes K pre-RoPE
+      std::vector<float> y(x.size());
       alloc::MeasuredTable tab;
       tab.b_min = o.cobra_b_min;
       tab.b_max = o.cobra_b_max;
@@ -171,18 +167,12 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
   const size_t F = in.formats.size();
   in.k_mse.assign(size_t(L * H) * F, 0.0);
   in.v_mse.assign(size_t(L * H) * F, 0.0);
-  const codec::RopeSpec rope = calib_rope(c.prov);
-  std::vector<float> x(size_t(n) * size_t(d)), y(x.size());
   for (Side side : {Side::kK, Side::kV}) {
-    const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
     const auto& amax = side == Side::kK ? in.k_amax : in.v_amax;
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
-        for (int64_t t = 0; t < n; ++t) {
-          float* row = x.data() + size_t(t) * size_t(d);
-          std::copy_n(src.data() + ((size_t(t) * size_t(L) + size_t(l)) * size_t(H) + size_t(h)) * size_t(d), d, row);
-          if (side == Side::kK) codec::reference_apply_rope(row, d, c.reservoir.source[size_t(2 * t + 1)], rope);
-        }
+        const std::vector<float> x = reservoir_rows(c, l, h, side, side == Side::kK, n);
+        std::vector<float> y(x.size());
         for (size_t f = 0; f < F; ++f) {
           HeadDecision dec;
           dec.layer = l;

@@ -14,7 +14,6 @@
 #include "kvq/codec/codec.hpp"
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/io/alloc_file.hpp"
-#include "kvq/pipeline/allocate.hpp"
 #include "kvq/util/error.hpp"
 #include "reservoir.hpp"
 #if KVQ_HAVE_CUDA
