@@ -19,6 +19,7 @@
 
 #include "capture_detail.hpp"
 #include "kvq/util/rng.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/model/model.hpp"
 #include "kvq/model/tokenizer.hpp"
 #include "kvq/util/error.hpp"
@@ -169,7 +170,7 @@ void check_resumable(const std::string& out, const CalibFile& old, const CalibPr
   num("seq_len", p.seq_len, want.seq_len);
   num("batch_size", p.batch_size, want.batch_size);
   num("reservoir_tokens", p.reservoir_tokens, want.reservoir_tokens);
-  if (old.calib_offsets != offsets) throw Error(out, "/windows/calib_offsets", "cannot resume: window plan differs");
+  if (old.calib_offsets != offsets) throw Error(out, h5path::kCalibOffsets, "cannot resume: window plan differs");
 }
 
 

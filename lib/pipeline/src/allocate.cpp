@@ -15,6 +15,7 @@
 #include "kvq/codec/codebook.hpp"
 #include "kvq/codec/codec.hpp"
 #include "kvq/codec/group_norms.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/stats/derived.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/format/decision_layout.hpp"
@@ -101,7 +102,7 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
   const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
   const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
   if (n < 1)
-    throw Error(o.calib, "/reservoir", "empty: cobra-measured needs reservoir rows (calib-capture --reservoir-tokens)");
+    throw Error(o.calib, h5path::kReservoir, "empty: cobra-measured needs reservoir rows (calib-capture --reservoir-tokens)");
   std::vector<alloc::MeasuredTable> tables;
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h) {
@@ -152,12 +153,12 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
   const auto sh = c.shape();
   const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
   if (!c.moments.has_amax())
-    throw Error(o.calib, "/stats/amax_k",
+    throw Error(o.calib, h5path::kStatsAmaxK,
                 "missing: layer-precision needs the activation maxima (calibration format version 3); recapture "
                 "with this calib-capture");
   const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
   if (n < 1)
-    throw Error(o.calib, "/reservoir", "empty: layer-precision needs reservoir rows (calib-capture --reservoir-tokens)");
+    throw Error(o.calib, h5path::kReservoir, "empty: layer-precision needs reservoir rows (calib-capture --reservoir-tokens)");
   alloc::LayerPrecisionInput in;
   in.shape = {L, H, d};
   in.formats = minifloat_formats_from_flag("--formats", o.formats);
@@ -182,7 +183,7 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
           dec.post_rope = side == Side::kK;
           dec.minifloat = in.formats[f];
           dec.scale = alloc::minifloat_scale(dec.minifloat, amax[size_t(l * H + h)], in.margin,
-                                             o.calib + ": /stats/amax_" + (side == Side::kK ? "k" : "v") + "[" +
+                                             o.calib + ": " + (side == Side::kK ? h5path::kStatsAmaxK : h5path::kStatsAmaxV) + "[" +
                                                  std::to_string(l) + "][" + std::to_string(h) + "]");
           codec::HeadCodec(dec, d).round_trip(x.data(), int(n), y.data());
           double se = 0;
@@ -345,14 +346,14 @@ AllocFile run_allocate(const AllocateOptions& o) {
                              o.group_norms == AllocateOptions::GroupNorms::kCompact;
   CalibFile c = read_calib(o.calib, needs_samples);
   if (!c.complete())
-    throw Error(o.calib, "/windows@windows_done",
+    throw Error(o.calib, h5path::kWindowsDone,
                 std::to_string(c.windows_done) + " of " + std::to_string(c.calib_offsets.size()) +
                     " windows: an interrupted capture (finish it with calib-capture --resume)");
   const auto sh = c.shape();
   for (int l = 0; l < sh.n_layers; ++l)
     for (int h = 0; h < sh.n_kv_heads; ++h)
       if (c.moments.k.count_of(sh, l, h) == 0 || c.moments.q.count_of(sh, l, h) == 0)
-        throw Error(o.calib, "/stats/count_k", "no samples for layer " + std::to_string(l) + " head " + std::to_string(h));
+        throw Error(o.calib, h5path::kStatsCountK, "no samples for layer " + std::to_string(l) + " head " + std::to_string(h));
 
   AllocFile a;
   a.method = to_string(o.method);  // the file records names (frozen strings)

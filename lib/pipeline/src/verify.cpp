@@ -14,6 +14,7 @@
 #include "kvq/codec/codec.hpp"
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/io/alloc_file.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/util/error.hpp"
 #include "reservoir.hpp"
 #if KVQ_HAVE_CUDA
@@ -248,7 +249,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
   AllocFile a = read_alloc(o.alloc);
   check_alloc_matches(a, o.alloc, c, o.calib);
   if (c.holdout.windows < 1)
-    throw Error(o.calib, "/holdout@windows", "0: no held-out windows to verify on (calib-capture --holdout N)");
+    throw Error(o.calib, h5path::kHoldoutWindows, "0: no held-out windows to verify on (calib-capture --holdout N)");
   const int d = c.prov.head_dim;
   VerifyReport r;
   r.n_layers = c.prov.n_layers;
