@@ -1,6 +1,7 @@
 // kvq-allocate: calibration file + bits-per-dimension budget -> allocation file.
 #include "kvq/cli/cli.hpp"
 #include "kvq/pipeline/allocate.hpp"
+#include "kvq/pipeline/allocation_methods.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{

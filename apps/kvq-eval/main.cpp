@@ -46,11 +46,7 @@ int main(int argc, char** argv) {
       ->default_val("whole")
       ->check(CLI::IsMember({"whole", "stream"}))
       ->each([&](const std::string& v) { o.stream = v == "stream"; });
-  app.add_option("--match", o.match,
-                 "baseline budget: nominal (the allocation's nominal bits) or effective (per side the whole bits with "
-                 "the smallest effective bpd, side information included, >= the allocation's; the most such bits)")
-      ->default_val(o.match)
-      ->check(CLI::IsMember({"nominal", "effective"}));
+  kvq::cli::add_match(app, o.match);
   app.add_option("--window", o.window, "tokens per window, BOS included (default: the model's maximum)")
       ->check(CLI::Range(2, 1 << 20));
   app.add_option("--stride", o.stride, "new tokens per window (default: window / 2)")->check(CLI::Range(1, 1 << 20));

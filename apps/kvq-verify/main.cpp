@@ -22,10 +22,7 @@ int main(int argc, char** argv) {
       ->default_val(o.baseline)->check(CLI::IsMember({"uniform", "kivi"}));
   app.add_option("--baseline-k-bpd", o.baseline_k_bpd, "baseline K bits (default: the allocation's nominal)");
   app.add_option("--baseline-v-bpd", o.baseline_v_bpd, "baseline V bits (default: the allocation's nominal)");
-  app.add_option("--match", o.match,
-                 "baseline budget: nominal (the allocation's nominal bits) or effective (per side the whole bits with "
-                 "the smallest effective bpd, side information included, >= the allocation's; the most such bits)")
-      ->default_val(o.match)->check(CLI::IsMember({"nominal", "effective"}));
+  kvq::cli::add_match(app, o.match);
   app.add_flag("!--no-cuda", o.cuda, "skip the CUDA decoder check even when a GPU is present");
   app.add_option("--json", json_out, "write the full report as JSON");
   auto* g = app.add_option_group("Gates (CI)", "exit 1 when a measured figure is past its limit");

@@ -9,6 +9,7 @@
 
 #include "kvq/io/calib_file.hpp"
 #include "kvq/io/h5.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
@@ -133,14 +134,14 @@ TEST(CalibFileBad, Table) {
       {"past_version", "found 0 (no longer supported)",
        [&](const std::string& p) { std::filesystem::copy_file(good, p); set_attr(p, "/", "version", 0); }},
       {"bad_dims", "/stats@head_dim",
-       [&](const std::string& p) { std::filesystem::copy_file(good, p); set_attr(p, "/stats", "head_dim", 1 << 30); }},
+       [&](const std::string& p) { std::filesystem::copy_file(good, p); set_attr(p, h5path::kStats, "head_dim", 1 << 30); }},
       {"wrong_shape", "shape disagrees",
-       [&](const std::string& p) { std::filesystem::copy_file(good, p); set_attr(p, "/stats", "head_dim", 8); }},
+       [&](const std::string& p) { std::filesystem::copy_file(good, p); set_attr(p, h5path::kStats, "head_dim", 8); }},
       {"nan", "non-finite",
        [&](const std::string& p) {
          std::filesystem::copy_file(good, p);
          H5::H5File f(p, H5F_ACC_RDWR);
-         auto ds = f.openDataSet("/stats/gram_k");
+         auto ds = f.openDataSet(h5path::kStatsGramK);
          std::vector<double> g(2 * 2 * 4 * 4);
          ds.read(g.data(), H5::PredType::NATIVE_DOUBLE);
          g[5] = std::nan("");

@@ -12,6 +12,7 @@
 
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/h5.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/util/error.hpp"
 #include "run_cmd.hpp"
 
@@ -50,7 +51,7 @@ void edit_tensor(const std::string& p, const std::function<std::string(const jso
   const std::string name = name_of(json::parse(h5::read_attr_str(p, f.openGroup("/"), "manifest")));
   f.close();
   H5::H5File w(p, H5F_ACC_RDWR);
-  auto ds = w.openDataSet("/tensors/" + name);
+  auto ds = w.openDataSet(h5path::child(h5path::kTensors, name));
   hsize_t dims[2];
   ds.getSpace().getSimpleExtentDims(dims);
   std::vector<float> v(dims[0] * dims[1]);
@@ -73,7 +74,8 @@ void add_solver_dataset(const std::string& p, const std::string& name, std::vect
   h5::quiet();
   H5::H5File f(p, H5F_ACC_RDWR);
   H5::Group root = f.openGroup("/");
-  H5::Group g = h5::exists(root, "solver") ? root.openGroup("solver") : h5::make_group(root, "solver");
+  const char* solver = h5path::leaf(h5path::kSolver);
+  H5::Group g = h5::exists(root, solver) ? root.openGroup(solver) : h5::make_group(root, solver);
   h5::write(g, name, dims, v.data());
 }
 

@@ -20,6 +20,7 @@
 
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/h5.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/report/inspect.hpp"
 #include "kvq/report/plots.hpp"
 #include "kvq/report/summary.hpp"
@@ -311,7 +312,7 @@ TEST(Inspect, OlderAllocationWithoutStoredBeforeC2) {
   fs::copy_file(n, old, fs::copy_options::overwrite_existing);
   {
     H5::H5File f(old, H5F_ACC_RDWR);
-    ASSERT_GE(H5Ldelete(f.getId(), "/solver", H5P_DEFAULT), 0);
+    ASSERT_GE(H5Ldelete(f.getId(), h5path::kSolver, H5P_DEFAULT), 0);
   }
   ASSERT_TRUE(read_alloc(old).k_distortion_before.empty());
 

@@ -118,4 +118,12 @@ int match_effective_bits(const std::string& kind, const Shape& shape, Side side,
   throw Error("", "--match", buf);
 }
 
+void check_match(const std::string& match, double baseline_k_bpd, double baseline_v_bpd) {
+  if (match != "nominal" && match != "effective")
+    throw Error("", "--match", "unknown value '" + match + "' (nominal or effective)");
+  if (match == "effective" && (baseline_k_bpd > 0 || baseline_v_bpd > 0))
+    throw Error("", "--match", "effective chooses the baseline's bits itself: drop --baseline-k-bpd / --baseline-v-bpd "
+                               "(or use --match nominal)");
+}
+
 }  // namespace kvq::alloc

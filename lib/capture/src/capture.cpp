@@ -4,10 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <chrono>
 #include <csignal>
 #include <cstdlib>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <fcntl.h>
@@ -20,18 +18,12 @@
 #include "capture_detail.hpp"
 #include "kvq/util/rng.hpp"
 #include "kvq/model/model.hpp"
-#include "kvq/model/tokenizer.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/payload_memory.hpp"
 #include "kvq/util/progress.hpp"
 
 namespace kvq {
 namespace {
-
-int64_t now_unix() {
-  if (const char* e = std::getenv("SOURCE_DATE_EPOCH")) return std::atoll(e);  // reproducible builds
-  return int64_t(std::time(nullptr));
-}
 
 // Folds each layer into the moments and copies the reservoir rows chosen for this batch.
 class CalibObserver : public CaptureObserver {
@@ -77,12 +69,6 @@ class HoldoutObserver : public CaptureObserver {
   MomentShape s_;
   int T_;
 };
-
-std::string gib(int64_t bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", double(bytes) / double(int64_t(1) << 30));
-  return buf;
-}
 
 // Hidden states of a chunk in an unlinked temporary file beside --out, mapped shared: a batch's
 // rows are written back and their pages dropped after each step, so they do not stay resident.
@@ -141,183 +127,6 @@ at::Tensor window_tensor(const capture_detail::Inputs& in, const std::vector<int
 }  // namespace
 
 namespace capture_detail {
-
-void check_resumable(const std::string& out, const CalibFile& old, const CalibProvenance& want,
-                     const std::vector<int64_t>& offsets) {
-  auto mismatch = [&](const std::string& field, const std::string& was, const std::string& now) {
-    throw Error(out, field, "cannot resume: file has '" + was + "', this run has '" + now + "'");
-  };
-  const auto& p = old.prov;
-  if (p.model_config_sha256 != want.model_config_sha256)
-    mismatch("provenance.model_config_sha256", p.model_config_sha256, want.model_config_sha256);
-  if (p.tokenizer_sha256 != want.tokenizer_sha256)
-    mismatch("provenance.tokenizer_sha256", p.tokenizer_sha256, want.tokenizer_sha256);
-  if (p.special_tokens_mode != want.special_tokens_mode)
-    mismatch("provenance.special_tokens_mode", p.special_tokens_mode, want.special_tokens_mode);
-  if (p.corpus.size() != want.corpus.size())
-    mismatch("provenance.corpus", std::to_string(p.corpus.size()) + " files", std::to_string(want.corpus.size()) + " files");
-  for (size_t i = 0; i < p.corpus.size(); ++i)
-    if (p.corpus[i].sha256 != want.corpus[i].sha256)
-      mismatch("provenance.corpus[" + std::to_string(i) + "].sha256", p.corpus[i].sha256, want.corpus[i].sha256);
-  auto num = [&](const char* f, int64_t a, int64_t b) {
-    if (a != b) mismatch(std::string("provenance.") + f, std::to_string(a), std::to_string(b));
-  };
-  num("n_ranks", p.n_ranks, want.n_ranks);  // first: another rank count changes every rank's share
-  num("seed", int64_t(p.seed), int64_t(want.seed));
-  num("samples", p.samples, want.samples);
-  num("holdout", p.holdout, want.holdout);
-  num("seq_len", p.seq_len, want.seq_len);
-  num("batch_size", p.batch_size, want.batch_size);
-  num("reservoir_tokens", p.reservoir_tokens, want.reservoir_tokens);
-  if (old.calib_offsets != offsets) throw Error(out, "/windows/calib_offsets", "cannot resume: window plan differs");
-}
-
-
-std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
-  if (o.out.empty()) throw Error("", "--out", "an output path is required");
-  if (o.batch_size < 1) throw Error("", "--batch", "must be >= 1, got " + std::to_string(o.batch_size));
-  if (o.reservoir_tokens < 0) throw Error("", "--reservoir-tokens", "must be >= 0");
-  if (o.checkpoint_every < 0) throw Error("", "--checkpoint-every", "must be >= 0");
-
-  if (o.max_memory < 0) throw Error("", "--max-memory", "must be > 0");
-  if (o.chunk_windows < 0 || o.chunk_windows % o.batch_size != 0)
-    throw Error("", "--chunk", std::to_string(o.chunk_windows) + " is not a positive multiple of --batch " +
-                                   std::to_string(o.batch_size));
-  Model::LoadOptions lo;
-  lo.stream = o.stream;
-  auto in = std::make_unique<Inputs>(Model::load(o.model, lo));
-  const ModelConfig& cfg = in->model.config();
-  if (o.seq_len > cfg.max_seq_len)
-    throw Error(o.model, "--seq-len",
-                std::to_string(o.seq_len) + " exceeds the model's maximum " + std::to_string(cfg.max_seq_len));
-  const std::string tok_path =
-      o.tokenizer.empty() ? Tokenizer::default_path_for_model(o.model, cfg.vocab_size) : o.tokenizer;
-  auto tok = Tokenizer::load(tok_path);
-
-  spdlog::info("reading corpus ({} path(s))", o.corpus.size());
-  CorpusText text = read_corpus(o.corpus, o.lossy_utf8);
-  for (const auto& f : text.files)
-    if (f.replaced_bytes > 0) spdlog::warn("{}: replaced {} invalid UTF-8 byte(s)", f.path, f.replaced_bytes);
-  auto t0 = std::chrono::steady_clock::now();
-  const SpecialTokens mode = parse_special_tokens(o.special_tokens);
-  int64_t special_matched = 0;
-  in->stream = tokenize_corpus(text, [&](const std::string& s) {
-    int m = 0;
-    auto ids = tok->encode(s, mode, &m);
-    special_matched += m;
-    return ids;
-  });
-  if (special_matched > 0)
-    spdlog::warn("{} special-token string(s) (e.g. <|begin_of_text|>) in the corpus were encoded as special tokens; "
-                 "--special-tokens text encodes them as plain text",
-                 special_matched);
-  spdlog::info("tokenized {} tokens in {:.1f} s", in->stream.size(),
-               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  const std::string corpus_name = o.corpus.size() == 1 ? o.corpus[0] : "corpus";
-  if (in->stream.empty()) throw Error(corpus_name, "--corpus", "corpus is empty (no tokens)");
-  // Windows start with BOS where the tokenizer's rule adds one (Qwen's adds none).
-  in->plan = plan_windows(int64_t(in->stream.size()), o.seq_len, o.samples, o.holdout, o.seed,
-                          tok->adds_bos() ? cfg.bos_id : -1, corpus_name);
-
-  const int64_t wb = o.window_begin, we = o.window_end < 0 ? o.samples : o.window_end;
-  if (wb < 0 || we > o.samples || wb >= we)
-    throw Error("", "--windows", "range " + std::to_string(wb) + ":" + std::to_string(we) + " not within 0:" +
-                                     std::to_string(o.samples));
-  in->offsets.assign(in->plan.calib.begin() + wb, in->plan.calib.begin() + we);
-
-  in->shape = MomentShape{cfg.n_layers, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim};
-  CalibProvenance& prov = in->prov;
-  prov.tool_version = KVQ_VERSION;
-  prov.model_path = o.model;
-  prov.model_config_sha256 = in->model.config_sha256();
-  prov.architecture = cfg.architecture;
-  prov.pairing = cfg.pairing;
-  prov.rotary_dim = cfg.rotary_dim;
-  prov.rope_theta = cfg.rope_theta;
-  {
-    const RopeParams rp = rope_params(cfg, o.seq_len);  // every window runs positions [0, seq_len)
-    prov.rope_type = to_string(cfg.rope_scaling.type);
-    prov.rope_inv_freq = rp.inv_freq;
-    prov.rope_attention_factor = rp.attention_factor;
-  }
-  prov.head_dim = cfg.head_dim;
-  prov.n_layers = cfg.n_layers;
-  prov.n_heads = cfg.n_heads;
-  prov.n_kv_heads = cfg.n_kv_heads;
-  for (int g = 0; g < cfg.n_heads; ++g) prov.gqa_map.push_back(cfg.kv_head_of(g));
-  for (int l = 0; l < cfg.n_layers; ++l) prov.layer_window.push_back(cfg.window_of(l));
-  prov.corpus = text.files;
-  prov.tokenizer_path = tok_path;
-  prov.tokenizer_sha256 = tok->sha256();
-  prov.special_tokens_mode = to_string(mode);
-  prov.special_tokens_matched = special_matched;
-  prov.window_bos = tok->adds_bos();
-  prov.seed = o.seed;
-  prov.samples = int(in->offsets.size());
-  prov.holdout = o.holdout;
-  prov.seq_len = o.seq_len;
-  prov.batch_size = o.batch_size;
-  prov.reservoir_tokens = o.reservoir_tokens;
-  prov.n_tokens_corpus = int64_t(in->stream.size());
-  prov.created_unix = now_unix();
-  if (o.stream) in->memory = plan_memory(*in, o);
-  return in;
-}
-
-MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
-  const ModelConfig& cfg = in.model.config();
-  MemoryPlan m;
-  m.budget = o.max_memory > 0 ? o.max_memory : default_memory_budget();
-  for (int l = 0; l < cfg.n_layers; ++l) {
-    const int64_t b = in.model.layer_fp32_bytes(l) + in.model.layer_stored_bytes(l);
-    if (b > m.layer) m.layer = b, m.widest_layer = l;
-  }
-  const int64_t T = o.seq_len, L = cfg.n_layers;
-  const int64_t row = int64_t(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim * int64_t(sizeof(float));
-  const int64_t n_win = int64_t(in.offsets.size());
-  m.scratch = Model::workspace_bytes(cfg, o.batch_size, T);
-  // The file's payload held in memory: reservoir rows (at most the tokens there are), held-out
-  // windows whole, and the moments (sums and second moments of K, V and each query group).
-  const int64_t reservoir = std::min<int64_t>(o.reservoir_tokens, n_win * T) * L * row;
-  const int64_t holdout = int64_t(in.plan.holdout.size()) * T * L * row;
-  const int64_t d = cfg.head_dim;
-  const int64_t moments = L * int64_t(3 * cfg.n_kv_heads) * (d * d + d) * int64_t(sizeof(double));
-  // Streamed, the reservoir and held-out rows live in files beside --out (payload_memory.hpp) and
-  // about one layer of them is resident: each row's slice of the layer, rounded out to pages.
-  const int64_t page = 4096;
-  auto pages = [&](int64_t bytes) { return ((bytes + page - 1) / page + 1) * page; };
-  const int64_t rows = std::min<int64_t>(o.reservoir_tokens, n_win * T);
-  const int64_t hd = int64_t(cfg.head_dim) * int64_t(sizeof(float));
-  const int64_t res_layer =
-      rows * (pages(cfg.n_heads * hd) + 2 * pages(cfg.n_kv_heads * hd));
-  const int64_t hold_layer = int64_t(in.plan.holdout.size()) * T * row + 3 * 2 * page;
-  m.payload_in_file = reservoir + holdout;
-  m.payload = std::min(reservoir, res_layer) + std::min(holdout, hold_layer) + moments;
-  m.per_window = T * int64_t(cfg.hidden_size) * int64_t(sizeof(float));
-  const int64_t fixed = m.layer + m.scratch + m.payload;
-  if (fixed > m.budget)
-    throw Error(o.model, "--max-memory",
-                gib(m.budget) + " cannot hold one layer's pass: layer " + std::to_string(m.widest_layer) + " takes " +
-                    gib(m.layer) + " (fp32 " + gib(in.model.layer_fp32_bytes(m.widest_layer)) + " + stored " +
-                    gib(in.model.layer_stored_bytes(m.widest_layer)) + "), a batch's scratch " + gib(m.scratch) +
-                    ", the file's resident reservoir/held-out/moments " + gib(m.payload) + "; need at least " + gib(fixed));
-  const int64_t B = o.batch_size;
-  const int64_t fit = (m.budget - fixed) / m.per_window / B * B;  // whole batches whose hidden states fit
-  const int64_t all = std::max<int64_t>(B, (n_win + B - 1) / B * B);
-  m.chunk = o.chunk_windows > 0 ? o.chunk_windows : std::min(all, fit);
-  m.spill = o.spill || m.chunk * m.per_window > m.budget - fixed;
-  if (m.chunk < B) m.chunk = all;  // spilling: the whole run's windows can share each layer
-  if (o.checkpoint_every > 0)      // chunks end where the batch loop would write its checkpoints
-    m.chunk = std::min(m.chunk, (int64_t(o.checkpoint_every) + B - 1) / B * B);
-  spdlog::info("memory plan: budget {}, layer {} {} (fp32 {} + stored {}), scratch {} (batch {} x {} tokens), "
-                "payload {} resident ({} in files beside --out), hidden states {} per window, chunk {} windows{}, "
-                "expected peak {}",
-                gib(m.budget), m.widest_layer, gib(m.layer), gib(in.model.layer_fp32_bytes(m.widest_layer)),
-                gib(in.model.layer_stored_bytes(m.widest_layer)), gib(m.scratch), B, T, gib(m.payload),
-                gib(m.payload_in_file),
-                gib(m.per_window), m.chunk, m.spill ? " spilled to a file beside --out" : "", gib(m.peak()));
-  return m;
-}
 
 void capture_holdout(const Inputs& in, int batch_size, CalibFile& c) {
   const int T = in.plan.seq_len;

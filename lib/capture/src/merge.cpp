@@ -2,6 +2,7 @@
 #include <set>
 
 #include "kvq/capture/capture.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/util/rng.hpp"
 #include "kvq/util/error.hpp"
 
@@ -25,14 +26,14 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
   if (pa.special_tokens_mode != pb.special_tokens_mode)
     refuse("provenance.special_tokens_mode", pa.special_tokens_mode, pb.special_tokens_mode);
   if (pa.seq_len != pb.seq_len) refuse("provenance.seq_len", std::to_string(pa.seq_len), std::to_string(pb.seq_len));
-  if (!(a.shape() == b.shape())) refuse("/stats", "shape A", "shape B");
+  if (!(a.shape() == b.shape())) refuse(h5path::kStats, "shape A", "shape B");
   // An empty layer_window (older file) means every layer full, the same as all zeros.
   for (int l = 0; l < pa.n_layers; ++l)
     if (pa.window_of(l) != pb.window_of(l))
       refuse("provenance.layer_window", "layer " + std::to_string(l) + " window " + std::to_string(pa.window_of(l)),
              "layer " + std::to_string(l) + " window " + std::to_string(pb.window_of(l)));
-  if (!a.complete()) throw Error(na, "/windows@windows_done", "incomplete file (resume it before merging)");
-  if (!b.complete()) throw Error(nb, "/windows@windows_done", "incomplete file (resume it before merging)");
+  if (!a.complete()) throw Error(na, h5path::kWindowsDone, "incomplete file (resume it before merging)");
+  if (!b.complete()) throw Error(nb, h5path::kWindowsDone, "incomplete file (resume it before merging)");
   // Windows are identified by their token offset when the corpora are the same text.
   bool same_corpus = pa.corpus.size() == pb.corpus.size() &&
                      std::equal(pa.corpus.begin(), pa.corpus.end(), pb.corpus.begin(),
@@ -41,7 +42,7 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
     std::set<int64_t> sa(a.calib_offsets.begin(), a.calib_offsets.end());
     for (int64_t off : b.calib_offsets)
       if (sa.count(off))
-        throw Error(nb, "/windows/calib_offsets",
+        throw Error(nb, h5path::kCalibOffsets,
                     "cannot merge: window at token offset " + std::to_string(off) + " is also in " + na);
   }
 

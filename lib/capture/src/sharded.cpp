@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "capture_detail.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/util/rng.hpp"
 #include "kvq/util/error.hpp"
 
@@ -189,7 +190,7 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
       c = read_calib(partial, true);
       check_resumable(partial, c, prov, offsets);
       if (c.reservoir.source != source)
-        throw Error(partial, "/reservoir/source", "cannot resume: the reservoir plan differs");
+        throw Error(partial, h5path::kReservoirSource, "cannot resume: the reservoir plan differs");
       c.prov.created_unix = prov.created_unix;
       resumed = true;
       spdlog::info("rank {}: resuming {} at window {}/{}", R, partial, c.windows_done, offsets.size());

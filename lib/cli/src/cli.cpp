@@ -54,6 +54,14 @@ void add_seed(CLI::App& app, uint64_t& seed) {
   app.add_option("--seed", seed, "seed for every random choice (recorded in the output)")->default_val(0);
 }
 
+void add_match(CLI::App& app, std::string& match) {
+  app.add_option("--match", match,
+                 "baseline budget: nominal (the allocation's nominal bits) or effective (per side the whole bits with "
+                 "the smallest effective bpd, side information included, >= the allocation's; the most such bits)")
+      ->default_val(match)
+      ->check(CLI::IsMember({"nominal", "effective"}));
+}
+
 void apply_common(const Common& c) {
   auto logger = spdlog::stderr_color_mt("kvq");
   logger->set_pattern("[%^%l%$] %v");

@@ -15,7 +15,7 @@ void reference_apply_rope(float* x, int head_dim, int64_t pos, const RopeSpec& r
   const double af = rope.attention_factor;
   for (int i = 0; i < nb; ++i) {
     const double inv_freq =
-        rope.inv_freq.empty() ? std::pow(rope.theta, -2.0 * i / dr) : rope.inv_freq[static_cast<size_t>(i)];
+        rope.inv_freq.empty() ? rope_block_default_inv_freq(rope.theta, i, dr) : rope.inv_freq[static_cast<size_t>(i)];
     const double ang = static_cast<double>(pos) * inv_freq;
     const double c = af * std::cos(ang), s = af * std::sin(ang);
     int a, b;

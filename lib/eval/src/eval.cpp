@@ -34,11 +34,7 @@ std::string join(const std::vector<std::string>& v) {
 EvalReport run_eval(const EvalOptions& o) {
   if (o.baseline != "uniform" && o.baseline != "none")
     throw Error("", "--baseline", "unknown baseline '" + o.baseline + "' (uniform or none)");
-  if (o.match != "nominal" && o.match != "effective")
-    throw Error("", "--match", "unknown value '" + o.match + "' (nominal or effective)");
-  if (o.match == "effective" && (o.baseline_k_bpd > 0 || o.baseline_v_bpd > 0))
-    throw Error("", "--match", "effective chooses the baseline's bits itself: drop --baseline-k-bpd / --baseline-v-bpd "
-                               "(or use --match nominal)");
+  alloc::check_match(o.match, o.baseline_k_bpd, o.baseline_v_bpd);
   if (o.match == "effective" && o.baseline == "none")
     throw Error("", "--match", "effective sets the baseline's budget, but --baseline none runs no baseline");
   if (o.text.empty()) throw Error("", "--text", "no text given");

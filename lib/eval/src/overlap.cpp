@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "kvq/corpus/corpus.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/model/tokenizer.hpp"
 #include "kvq/util/error.hpp"
 
@@ -74,7 +75,7 @@ OverlapReport check_disjoint(const std::vector<int32_t>& text, const std::string
   for (size_t w = 0; w < c.calib_offsets.size(); ++w) {
     const int64_t off = c.calib_offsets[w];
     if (off < 0 || off + slot > int64_t(calib_stream.size()))
-      throw Error(calib_path, "/windows/calib_offsets",
+      throw Error(calib_path, h5path::kCalibOffsets,
                   "window " + std::to_string(w) + " at token " + std::to_string(off) + " is past the corpus (" +
                       std::to_string(calib_stream.size()) + " tokens)");
     r.calib_tokens += slot;

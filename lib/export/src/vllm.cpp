@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kvq/codec/minifloat.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 #include "out_dir.hpp"
@@ -28,14 +29,14 @@ std::string num(double x) { return nlohmann::json(x).dump(); }
 std::vector<float> side_scales(const std::vector<float>& amax, int n_layers, int heads, ScaleStrategy s, double margin,
                                const std::string& path, const char* dataset, const char* head_word) {
   if (amax.size() != size_t(n_layers) * size_t(heads))
-    throw Error(path, std::string("/stats/") + dataset,
+    throw Error(path, dataset,
                 std::to_string(amax.size()) + " maxima, expected " + std::to_string(n_layers) + " x " +
                     std::to_string(heads));
   for (int l = 0; l < n_layers; ++l)
     for (int h = 0; h < heads; ++h) {
       const float a = amax[size_t(l) * heads + h];
       if (!(a > 0.f) || !std::isfinite(a))
-        throw Error(path, std::string("/stats/") + dataset,
+        throw Error(path, dataset,
                     "layer " + std::to_string(l) + " " + head_word + " " + std::to_string(h) + ": amax " +
                         num(double(a)) +
                         (a == 0.f ? " (the head never fired on the calibration tokens)" : " (not a finite maximum)") +
@@ -52,7 +53,7 @@ std::vector<float> side_scales(const std::vector<float>& amax, int n_layers, int
       const double scale = double(a) * margin / double(codec::kE4M3Max);
       const float f = float(scale);
       if (!(f > 0.f) || !std::isfinite(f))
-        throw Error(path, std::string("/stats/") + dataset,
+        throw Error(path, dataset,
                     "layer " + std::to_string(l) + ": scale amax " + num(double(a)) + " * margin " + num(margin) +
                         " / 448 = " + num(scale) + " is not a finite fp32 > 0");
       out[size_t(l) * per + j] = f;
@@ -72,7 +73,7 @@ VllmScales vllm_scales(const CalibFile& c, const std::string& calib_path, const 
   if (o.tp < 0) throw Error("", "--tp", std::to_string(o.tp) + " is not > 0");
   const Moments& m = c.moments;
   if (!m.has_amax())
-    throw Error(calib_path, "/stats/amax_k",
+    throw Error(calib_path, h5path::kStatsAmaxK,
                 "the calibration file lacks activation maxima (max |x| per head, recorded from calibration format "
                 "version 3 on); recapture it with this version of calib-capture");
   VllmScales s;
@@ -81,10 +82,10 @@ VllmScales vllm_scales(const CalibFile& c, const std::string& calib_path, const 
   s.n_heads = c.prov.n_heads;
   s.n_kv_heads = c.prov.n_kv_heads;
   if (s.n_layers <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0)
-    throw Error(calib_path, "/provenance", "n_layers, n_heads and n_kv_heads must be > 0");
-  s.k = side_scales(m.k_amax, s.n_layers, s.n_kv_heads, o.strategy, o.margin, calib_path, "amax_k", "KV head");
-  s.v = side_scales(m.v_amax, s.n_layers, s.n_kv_heads, o.strategy, o.margin, calib_path, "amax_v", "KV head");
-  s.q = side_scales(m.q_amax, s.n_layers, s.n_heads, o.strategy, o.margin, calib_path, "amax_q", "query head");
+    throw Error(calib_path, h5path::kProvenance, "n_layers, n_heads and n_kv_heads must be > 0");
+  s.k = side_scales(m.k_amax, s.n_layers, s.n_kv_heads, o.strategy, o.margin, calib_path, h5path::kStatsAmaxK, "KV head");
+  s.v = side_scales(m.v_amax, s.n_layers, s.n_kv_heads, o.strategy, o.margin, calib_path, h5path::kStatsAmaxV, "KV head");
+  s.q = side_scales(m.q_amax, s.n_layers, s.n_heads, o.strategy, o.margin, calib_path, h5path::kStatsAmaxQ, "query head");
   return s;
 }
 

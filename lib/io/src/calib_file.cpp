@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvq/io/h5.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/util/fault_guard.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
@@ -17,6 +18,7 @@ namespace kvq {
 
 using json = nlohmann::json;
 using Dims = std::vector<hsize_t>;
+using h5path::leaf;
 
 std::string provenance_to_json(const CalibProvenance& p) {
   json j;
@@ -211,9 +213,9 @@ void write_calib(const std::string& path, const CalibFile& c) {
       const std::string prov = provenance_to_json(c.prov);
       const bool in_dataset = prov.size() > kCalibProvenanceAttrMax;
       h5::write_attr(root, "version", in_dataset ? kCalibProvenanceDatasetVersion : kCalibAttrProvenanceVersion);
-      h5::write_root_text(root, "provenance", prov, in_dataset);
+      h5::write_root_text(root, leaf(h5path::kProvenance), prov, in_dataset);
 
-      auto st = h5::make_group(root, "stats");
+      auto st = h5::make_group(root, leaf(h5path::kStats));
       h5::write_attr(st, "n_layers", int64_t(sh.n_layers));
       h5::write_attr(st, "n_kv_heads", int64_t(sh.n_kv_heads));
       h5::write_attr(st, "n_heads", int64_t(sh.n_heads));
@@ -222,38 +224,40 @@ void write_calib(const std::string& path, const CalibFile& c) {
       write_side(st, "v", c.moments.v, sh);
       write_side(st, "q", c.moments.q, sh);
       if (c.moments.has_amax()) {
-        h5::write(st, "amax_k", {hsize_t(sh.n_layers), hsize_t(sh.n_kv_heads)}, c.moments.k_amax.data());
-        h5::write(st, "amax_v", {hsize_t(sh.n_layers), hsize_t(sh.n_kv_heads)}, c.moments.v_amax.data());
-        h5::write(st, "amax_q", {hsize_t(sh.n_layers), hsize_t(sh.n_heads)}, c.moments.q_amax.data());
+        const hsize_t L = hsize_t(sh.n_layers);
+        h5::write(st, leaf(h5path::kStatsAmaxK), {L, hsize_t(sh.n_kv_heads)}, c.moments.k_amax.data());
+        h5::write(st, leaf(h5path::kStatsAmaxV), {L, hsize_t(sh.n_kv_heads)}, c.moments.v_amax.data());
+        h5::write(st, leaf(h5path::kStatsAmaxQ), {L, hsize_t(sh.n_heads)}, c.moments.q_amax.data());
       }
 
-      auto w = h5::make_group(root, "windows");
-      h5::write_attr(w, "windows_done", c.windows_done);
-      h5::write(w, "calib_offsets", {hsize_t(c.calib_offsets.size())}, c.calib_offsets.data());
-      h5::write(w, "holdout_offsets", {hsize_t(c.holdout_offsets.size())}, c.holdout_offsets.data());
+      auto w = h5::make_group(root, leaf(h5path::kWindows));
+      h5::write_attr(w, leaf(h5path::kWindowsDone), c.windows_done);
+      h5::write(w, leaf(h5path::kCalibOffsets), {hsize_t(c.calib_offsets.size())}, c.calib_offsets.data());
+      h5::write(w, leaf(h5path::kHoldoutOffsets), {hsize_t(c.holdout_offsets.size())}, c.holdout_offsets.data());
       if (!c.window_rank.empty())
         h5::write(w, "window_rank", {hsize_t(c.window_rank.size())}, c.window_rank.data());
 
       const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), NH = hsize_t(sh.n_heads),
                     d = hsize_t(sh.head_dim);
-      auto r = h5::make_group(root, "reservoir");
+      auto r = h5::make_group(root, leaf(h5path::kReservoir));
       const auto& rv = c.reservoir;
       const hsize_t n = hsize_t(rv.size());
       h5::write_attr(r, "capacity", rv.capacity);
       h5::write_attr(r, "seen", rv.seen);
       h5::write(r, "rng_state", {4}, rv.rng_state.data());
-      h5::write(r, "source", {n, 2}, rv.source.data());
+      h5::write(r, leaf(h5path::kReservoirSource), {n, 2}, rv.source.data());
       // q, k, v may hold more rows than are filled (a capture's buffer): the first n are written.
       if (rv.q.size() < n * L * NH * d || rv.k.size() < n * L * H * d || rv.v.size() < n * L * H * d)
-        throw Error(path, "/reservoir/q", "holds fewer rows than /reservoir/source (" + std::to_string(n) + ")");
+        throw Error(path, h5path::child(h5path::kReservoir, "q"),
+                    "holds fewer rows than " + std::string(h5path::kReservoirSource) + " (" + std::to_string(n) + ")");
       h5::write(r, "q", {n, L, NH, d}, rv.q.data());
       h5::write(r, "k", {n, L, H, d}, rv.k.data());
       h5::write(r, "v", {n, L, H, d}, rv.v.data());
 
-      auto ho = h5::make_group(root, "holdout");
+      auto ho = h5::make_group(root, leaf(h5path::kHoldout));
       const auto& hd = c.holdout;
       const hsize_t M = hsize_t(hd.windows), T = hsize_t(c.prov.seq_len);
-      h5::write_attr(ho, "windows", int64_t(hd.windows));
+      h5::write_attr(ho, leaf(h5path::kHoldoutWindows), int64_t(hd.windows));
       h5::write(ho, "ids", {M, T}, hd.ids.data());
       h5::write(ho, "positions", {hd.windows > 0 ? T : 0}, hd.positions.data());
       h5::write(ho, "q", {L, M, T, NH, d}, hd.q.data());
@@ -280,9 +284,10 @@ static SideMoments read_side(const std::string& file, const H5::Group& g, const 
   s.gram = h5::read_f64(file, g, std::string("gram_") + tag, {L, H, d, d});
   for (size_t i = 0; i < s.count.size(); ++i)
     if (s.count[i] < 0)
-      throw Error(file, std::string("/stats/count_") + tag, "negative count " + std::to_string(s.count[i]));
-  check_finite(file, std::string("/stats/sum_") + tag, s.sum);
-  check_finite(file, std::string("/stats/gram_") + tag, s.gram);
+      throw Error(file, h5path::child(h5path::kStats, std::string("count_") + tag),
+                  "negative count " + std::to_string(s.count[i]));
+  check_finite(file, h5path::child(h5path::kStats, std::string("sum_") + tag), s.sum);
+  check_finite(file, h5path::child(h5path::kStats, std::string("gram_") + tag), s.gram);
   return s;
 }
 
@@ -295,16 +300,16 @@ CalibFile read_calib(const std::string& path, bool samples) {
   // Version 4 keeps the provenance in the /provenance dataset, older versions in the attribute.
   const bool in_dataset = opened.header.version >= kCalibProvenanceDatasetVersion;
   c.prov = provenance_from_json(path,
-                                h5::read_root_text(path, root, "provenance", opened.header.version,
+                                h5::read_root_text(path, root, leaf(h5path::kProvenance), opened.header.version,
                                                    kCalibProvenanceDatasetVersion, "calibration",
                                                    kCalibProvenanceMaxBytes),
-                                in_dataset ? "/provenance" : "/@provenance");
+                                in_dataset ? h5path::kProvenance : h5path::kProvenanceAttr);
 
-  auto st = h5::open_group(path, root, "stats");
+  auto st = h5::open_group(path, root, leaf(h5path::kStats));
   MomentShape sh;
   auto dim_attr = [&](const char* name, int lo, int hi) {
     int64_t v = h5::read_attr_i64(path, st, name);
-    if (v < lo || v > hi) throw Error(path, std::string("/stats@") + name, "out of range: " + std::to_string(v));
+    if (v < lo || v > hi) throw Error(path, h5path::attr(h5path::kStats, name), "out of range: " + std::to_string(v));
     return int(v);
   };
   sh.n_layers = dim_attr("n_layers", 1, 4096);
@@ -312,64 +317,66 @@ CalibFile read_calib(const std::string& path, bool samples) {
   sh.n_heads = dim_attr("n_heads", 1, 65536);
   sh.head_dim = dim_attr("head_dim", 2, 4096);
   if (sh.n_heads % sh.n_kv_heads != 0)
-    throw Error(path, "/stats@n_heads", std::to_string(sh.n_heads) + " not a multiple of n_kv_heads");
+    throw Error(path, h5path::attr(h5path::kStats, "n_heads"),
+                std::to_string(sh.n_heads) + " not a multiple of n_kv_heads");
   if (sh.n_layers != c.prov.n_layers || sh.n_kv_heads != c.prov.n_kv_heads || sh.n_heads != c.prov.n_heads ||
       sh.head_dim != c.prov.head_dim)
-    throw Error(path, "/stats", "shape disagrees with the provenance");
+    throw Error(path, h5path::kStats, "shape disagrees with the provenance");
   c.moments = Moments(sh);
   c.moments.k = read_side(path, st, "k", sh);
   c.moments.v = read_side(path, st, "v", sh);
   c.moments.q = read_side(path, st, "q", sh);
-  if (c.format_version >= 3 && h5::has_link(st, "amax_k")) {
-    auto read_amax = [&](const char* name, hsize_t heads) {
-      std::vector<float> a = h5::read_f32(path, st, name, {hsize_t(sh.n_layers), heads});
+  if (c.format_version >= 3 && h5::has_link(st, leaf(h5path::kStatsAmaxK))) {
+    auto read_amax = [&](const char* object, hsize_t heads) {
+      std::vector<float> a = h5::read_f32(path, st, leaf(object), {hsize_t(sh.n_layers), heads});
       for (size_t i = 0; i < a.size(); ++i)
         if (!(a[i] >= 0.f) || !std::isfinite(a[i]))
-          throw Error(path, std::string("/stats/") + name,
+          throw Error(path, object,
                       "not a finite maximum >= 0: " + std::to_string(a[i]) + " at element " + std::to_string(i));
       return a;
     };
-    c.moments.k_amax = read_amax("amax_k", hsize_t(sh.n_kv_heads));
-    c.moments.v_amax = read_amax("amax_v", hsize_t(sh.n_kv_heads));
-    c.moments.q_amax = read_amax("amax_q", hsize_t(sh.n_heads));
+    c.moments.k_amax = read_amax(h5path::kStatsAmaxK, hsize_t(sh.n_kv_heads));
+    c.moments.v_amax = read_amax(h5path::kStatsAmaxV, hsize_t(sh.n_kv_heads));
+    c.moments.q_amax = read_amax(h5path::kStatsAmaxQ, hsize_t(sh.n_heads));
     track_amax_with(c.moments, c.prov);  // a resumed capture keeps taking maxima
   }
 
-  auto w = h5::open_group(path, root, "windows");
-  c.windows_done = h5::read_attr_i64(path, w, "windows_done");
-  auto n_cal = h5::shape_of(path, w, "calib_offsets");
-  auto n_ho = h5::shape_of(path, w, "holdout_offsets");
-  if (n_cal.size() != 1 || n_ho.size() != 1) throw Error(path, "/windows", "offsets must be 1-D");
-  c.calib_offsets = h5::read_i64(path, w, "calib_offsets", n_cal);
-  c.holdout_offsets = h5::read_i64(path, w, "holdout_offsets", n_ho);
+  auto w = h5::open_group(path, root, leaf(h5path::kWindows));
+  c.windows_done = h5::read_attr_i64(path, w, leaf(h5path::kWindowsDone));
+  auto n_cal = h5::shape_of(path, w, leaf(h5path::kCalibOffsets));
+  auto n_ho = h5::shape_of(path, w, leaf(h5path::kHoldoutOffsets));
+  if (n_cal.size() != 1 || n_ho.size() != 1) throw Error(path, h5path::kWindows, "offsets must be 1-D");
+  c.calib_offsets = h5::read_i64(path, w, leaf(h5path::kCalibOffsets), n_cal);
+  c.holdout_offsets = h5::read_i64(path, w, leaf(h5path::kHoldoutOffsets), n_ho);
   if (h5::exists(w, "window_rank")) c.window_rank = h5::read_i64(path, w, "window_rank", n_cal);
   if (c.windows_done < 0 || c.windows_done > int64_t(c.calib_offsets.size()))
-    throw Error(path, "/windows@windows_done", "out of range: " + std::to_string(c.windows_done));
+    throw Error(path, h5path::kWindowsDone, "out of range: " + std::to_string(c.windows_done));
 
   const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), NH = hsize_t(sh.n_heads),
                 d = hsize_t(sh.head_dim);
-  auto r = h5::open_group(path, root, "reservoir");
+  auto r = h5::open_group(path, root, leaf(h5path::kReservoir));
   auto& rv = c.reservoir;
   rv.capacity = h5::read_attr_i64(path, r, "capacity");
   rv.seen = h5::read_attr_i64(path, r, "seen");
   auto rs = h5::read_u64(path, r, "rng_state", {4});
   std::copy(rs.begin(), rs.end(), rv.rng_state.begin());
-  auto src_shape = h5::shape_of(path, r, "source");
+  auto src_shape = h5::shape_of(path, r, leaf(h5path::kReservoirSource));
   if (src_shape.size() != 2 || src_shape[1] != 2 || int64_t(src_shape[0]) > rv.capacity)
-    throw Error(path, "/reservoir/source", "bad shape");
+    throw Error(path, h5path::kReservoirSource, "bad shape");
   const hsize_t n = src_shape[0];
-  rv.source = h5::read_i64(path, r, "source", {n, 2});
+  rv.source = h5::read_i64(path, r, leaf(h5path::kReservoirSource), {n, 2});
   if (samples) {
     h5::read_f32(path, r, "q", {n, L, NH, d}, &rv.q);
     h5::read_f32(path, r, "k", {n, L, H, d}, &rv.k);
     h5::read_f32(path, r, "v", {n, L, H, d}, &rv.v);
   }
 
-  auto ho = h5::open_group(path, root, "holdout");
+  auto ho = h5::open_group(path, root, leaf(h5path::kHoldout));
   auto& hd = c.holdout;
-  int64_t M = h5::read_attr_i64(path, ho, "windows");
+  int64_t M = h5::read_attr_i64(path, ho, leaf(h5path::kHoldoutWindows));
   if (M < 0 || M != int64_t(c.holdout_offsets.size()))
-    throw Error(path, "/holdout@windows", "disagrees with /windows/holdout_offsets: " + std::to_string(M));
+    throw Error(path, h5path::kHoldoutWindows,
+                "disagrees with " + std::string(h5path::kHoldoutOffsets) + ": " + std::to_string(M));
   hd.windows = int(M);
   const hsize_t T = hsize_t(c.prov.seq_len);
   if (samples) {

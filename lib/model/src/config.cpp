@@ -26,7 +26,7 @@ RopeType rope_type_from_string(const std::string& s) {
 
 std::vector<double> rope_default_inv_freq(double theta, int rotary_dim) {
   std::vector<double> inv(size_t(std::max(0, rotary_dim / 2)));
-  for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(theta, -2.0 * double(i) / rotary_dim);
+  for (size_t i = 0; i < inv.size(); ++i) inv[i] = rope_block_default_inv_freq(theta, int(i), rotary_dim);
   return inv;
 }
 

@@ -12,10 +12,11 @@
 #include "kvq/alloc/cobra.hpp"
 #include "kvq/alloc/layer_precision.hpp"
 #include "kvq/alloc/uniform.hpp"
-#include "kvq/codec/attention.hpp"
 #include "kvq/codec/codebook.hpp"
 #include "kvq/codec/codec.hpp"
 #include "kvq/codec/group_norms.hpp"
+#include "kvq/io/h5_paths.hpp"
+#include "kvq/pipeline/allocation_methods.hpp"
 #include "kvq/stats/derived.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/format/decision_layout.hpp"
@@ -30,24 +31,6 @@ namespace {
 constexpr uint64_t kRatioSeedTag = 0x726174696fULL;
 
 using nlohmann::json;
-
-// The names of the methods allocates() accepts for `side`, "a, b, c<last>d".
-std::string method_names(Side side, const char* last) {
-  std::vector<std::string> names;
-  for (const auto& e : kMethodNames)
-    if (allocates(e.method, side)) names.emplace_back(e.name);
-  std::string s;
-  for (size_t i = 0; i < names.size(); ++i) s += (i == 0 ? "" : i + 1 == names.size() ? last : ", ") + names[i];
-  return s;
-}
-
-void check_method(const std::string& flag, Method m, Side side) {
-  if (allocates(m, side)) return;
-  if (allocates(m, Side::kK))
-    throw Error("", flag, "'" + std::string(to_string(m)) + "' allocates keys only (it needs RoPE blocks / queries); use " +
-                              method_names(Side::kV, " or ") + " for V");
-  throw Error("", flag, "unknown method '" + std::string(to_string(m)) + "' (" + allocation_method_names(Side::kK) + ")");
-}
 
 alloc::CobraOptions cobra_options(const AllocateOptions& o, Method method) {
   alloc::CobraOptions c;
@@ -102,16 +85,13 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
   const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
   const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
   if (n < 1)
-    throw Error(o.calib, "/reservoir", "empty: cobra-measured needs reservoir rows (calib-capture --reservoir-tokens)");
-  const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
+    throw Error(o.calib, h5path::kReservoir, "empty: cobra-measured needs reservoir rows (calib-capture --reservoir-tokens)");
   std::vector<alloc::MeasuredTable> tables;
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h) {
       const auto& hi = in[size_t(l * H + h)];
-      std::vector<float> x(size_t(n) * size_t(d)), y(x.size());
-      for (int64_t t = 0; t < n; ++t)
-        std::copy_n(src.data() + ((size_t(t) * size_t(L) + size_t(l)) * size_t(H) + size_t(h)) * size_t(d), d,
-                    x.data() + size_t(t) * size_t(d));
+      const std::vector<float> x = reservoir_rows(c, l, h, side, false, n);  // COBRA codes K pre-RoPE
+      std::vector<float> y(x.size());
       alloc::MeasuredTable tab;
       tab.b_min = o.cobra_b_min;
       tab.b_max = o.cobra_b_max;
@@ -156,12 +136,12 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
   const auto sh = c.shape();
   const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
   if (!c.moments.has_amax())
-    throw Error(o.calib, "/stats/amax_k",
+    throw Error(o.calib, h5path::kStatsAmaxK,
                 "missing: layer-precision needs the activation maxima (calibration format version 3); recapture "
                 "with this calib-capture");
   const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
   if (n < 1)
-    throw Error(o.calib, "/reservoir", "empty: layer-precision needs reservoir rows (calib-capture --reservoir-tokens)");
+    throw Error(o.calib, h5path::kReservoir, "empty: layer-precision needs reservoir rows (calib-capture --reservoir-tokens)");
   alloc::LayerPrecisionInput in;
   in.shape = {L, H, d};
   in.formats = minifloat_formats_from_flag("--formats", o.formats);
@@ -171,18 +151,12 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
   const size_t F = in.formats.size();
   in.k_mse.assign(size_t(L * H) * F, 0.0);
   in.v_mse.assign(size_t(L * H) * F, 0.0);
-  const codec::RopeSpec rope = calib_rope(c.prov);
-  std::vector<float> x(size_t(n) * size_t(d)), y(x.size());
   for (Side side : {Side::kK, Side::kV}) {
-    const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
     const auto& amax = side == Side::kK ? in.k_amax : in.v_amax;
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
-        for (int64_t t = 0; t < n; ++t) {
-          float* row = x.data() + size_t(t) * size_t(d);
-          std::copy_n(src.data() + ((size_t(t) * size_t(L) + size_t(l)) * size_t(H) + size_t(h)) * size_t(d), d, row);
-          if (side == Side::kK) codec::reference_apply_rope(row, d, c.reservoir.source[size_t(2 * t + 1)], rope);
-        }
+        const std::vector<float> x = reservoir_rows(c, l, h, side, side == Side::kK, n);
+        std::vector<float> y(x.size());
         for (size_t f = 0; f < F; ++f) {
           HeadDecision dec;
           dec.layer = l;
@@ -192,7 +166,7 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
           dec.post_rope = side == Side::kK;
           dec.minifloat = in.formats[f];
           dec.scale = alloc::minifloat_scale(dec.minifloat, amax[size_t(l * H + h)], in.margin,
-                                             o.calib + ": /stats/amax_" + (side == Side::kK ? "k" : "v") + "[" +
+                                             o.calib + ": " + (side == Side::kK ? h5path::kStatsAmaxK : h5path::kStatsAmaxV) + "[" +
                                                  std::to_string(l) + "][" + std::to_string(h) + "]");
           codec::HeadCodec(dec, d).round_trip(x.data(), int(n), y.data());
           double se = 0;
@@ -273,55 +247,10 @@ json summary_json(const alloc::AllocSummary& s) {
 
 }  // namespace
 
-bool allocates(Method m, Side side) {
-  switch (m) {
-    case Method::kUniform:
-    case Method::kCobraMse:
-    case Method::kCobraDp:
-    case Method::kCobraMeasured: return true;
-    case Method::kBlockGtq:
-    case Method::kCobraKl: return side == Side::kK;
-    case Method::kKivi: return false;  // a baseline of kvq-verify, not an allocation
-    case Method::kLayerPrecision: return true;  // K and V together (--v-method must match)
-  }
-  return false;
-}
-
-std::string allocation_method_names(Side side) { return method_names(side, ", "); }
-
-Method allocation_method_from_flag(const std::string& flag, const std::string& name, Side side) {
-  Method m;
-  try {
-    m = method_from_string(name);
-  } catch (const Error&) {
-    throw Error("", flag, "unknown method '" + name + "' (" + allocation_method_names(Side::kK) + ")");
-  }
-  check_method(flag, m, side);
-  return m;
-}
-
-std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag, const std::string& list) {
-  std::vector<MinifloatFormat> out;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    const size_t comma = std::min(list.find(',', pos), list.size());
-    const std::string name = list.substr(pos, comma - pos);
-    MinifloatFormat f;
-    if (name == to_string(MinifloatFormat::kFp8E4M3)) f = MinifloatFormat::kFp8E4M3;
-    else if (name == to_string(MinifloatFormat::kNvfp4)) f = MinifloatFormat::kNvfp4;
-    else throw Error("", flag, "unknown format '" + name + "' in '" + list + "' (valid: fp8, nvfp4)");
-    if (std::find(out.begin(), out.end(), f) != out.end())
-      throw Error("", flag, "format '" + name + "' given twice in '" + list + "'");
-    out.push_back(f);
-    pos = comma + 1;
-  }
-  return out;
-}
-
 AllocFile run_allocate(const AllocateOptions& o) {
   if (o.out.empty()) throw Error("", "--out", "an output path is required");
-  check_method("--method", o.method, Side::kK);
-  check_method("--v-method", o.v_method, Side::kV);
+  check_allocation_method("--method", o.method, Side::kK);
+  check_allocation_method("--v-method", o.v_method, Side::kV);
   if (o.rotate_below < 0 || o.rotate_below > 9)
     throw Error("", "--rotate-below", "must be in 0..9 (bits; 0: rotate every group), got " + std::to_string(o.rotate_below));
   if (!(o.bpd > 0) || !std::isfinite(o.bpd)) throw Error("", "--bpd", "must be > 0, got " + std::to_string(o.bpd));
@@ -355,14 +284,14 @@ AllocFile run_allocate(const AllocateOptions& o) {
                              o.group_norms == AllocateOptions::GroupNorms::kCompact;
   CalibFile c = read_calib(o.calib, needs_samples);
   if (!c.complete())
-    throw Error(o.calib, "/windows@windows_done",
+    throw Error(o.calib, h5path::kWindowsDone,
                 std::to_string(c.windows_done) + " of " + std::to_string(c.calib_offsets.size()) +
                     " windows: an interrupted capture (finish it with calib-capture --resume)");
   const auto sh = c.shape();
   for (int l = 0; l < sh.n_layers; ++l)
     for (int h = 0; h < sh.n_kv_heads; ++h)
       if (c.moments.k.count_of(sh, l, h) == 0 || c.moments.q.count_of(sh, l, h) == 0)
-        throw Error(o.calib, "/stats/count_k", "no samples for layer " + std::to_string(l) + " head " + std::to_string(h));
+        throw Error(o.calib, h5path::kStatsCountK, "no samples for layer " + std::to_string(l) + " head " + std::to_string(h));
 
   AllocFile a;
   a.method = to_string(o.method);  // the file records names (frozen strings)

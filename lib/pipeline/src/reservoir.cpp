@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "kvq/codec/attention.hpp"
-#include "kvq/pipeline/allocate.hpp"
+#include "kvq/codec/codec.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq {
@@ -22,20 +22,23 @@ codec::RopeSpec calib_rope(const CalibProvenance& p) {
   return rope;
 }
 
-std::vector<float> reservoir_rows(const CalibFile& c, const HeadDecision& dec, int64_t n) {
+std::vector<float> reservoir_rows(const CalibFile& c, int layer, int kv_head, Side side, bool post_rope, int64_t n) {
   const auto sh = c.shape();
   const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
   KVQ_ASSERT(n >= 0 && n <= int64_t(c.reservoir.size()));
   const codec::RopeSpec rope = calib_rope(c.prov);
-  const auto& src = dec.side == Side::kK ? c.reservoir.k : c.reservoir.v;
-  const size_t l = size_t(dec.layer), h = size_t(dec.kv_head);
+  const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
   std::vector<float> x(size_t(n) * size_t(d));
   for (int64_t t = 0; t < n; ++t) {
     float* row = x.data() + size_t(t) * size_t(d);
-    std::copy_n(src.data() + ((size_t(t) * size_t(L) + l) * size_t(H) + h) * size_t(d), d, row);
-    if (dec.post_rope) codec::reference_apply_rope(row, d, c.reservoir.source[size_t(2 * t + 1)], rope);
+    std::copy_n(reservoir_row(src, t, layer, kv_head, L, H, d), d, row);
+    if (post_rope) codec::reference_apply_rope(row, d, c.reservoir.source[size_t(2 * t + 1)], rope);
   }
   return x;
+}
+
+std::vector<float> reservoir_rows(const CalibFile& c, const HeadDecision& dec, int64_t n) {
+  return reservoir_rows(c, dec.layer, dec.kv_head, dec.side, dec.post_rope, n);
 }
 
 NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecision& dec, int measure_tokens) {
@@ -48,7 +51,6 @@ NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecisi
   const int64_t nq = std::min<int64_t>(n, kNormCorrectionQueries);
   const codec::RopeSpec rope = calib_rope(c.prov);
   const bool k_side = dec.side == Side::kK;
-  const size_t h = size_t(dec.kv_head), l = size_t(dec.layer);
   const std::vector<float> x = reservoir_rows(c, dec, n);
   // Queries (K only): the group's query heads, rotated at their own positions.
   std::vector<double> q;
@@ -57,8 +59,8 @@ NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecisi
     std::vector<float> row(static_cast<size_t>(d), 0.f);
     for (int64_t t = 0; t < nq; ++t)
       for (int j = 0; j < G; ++j) {
-        const size_t qh = h * size_t(G) + size_t(j);
-        std::copy_n(c.reservoir.q.data() + ((size_t(t) * size_t(L) + l) * size_t(NQ) + qh) * size_t(d), d, row.data());
+        const int qh = dec.kv_head * G + j;
+        std::copy_n(reservoir_row(c.reservoir.q, t, dec.layer, qh, L, NQ, d), d, row.data());
         codec::reference_apply_rope(row.data(), d, c.reservoir.source[size_t(2 * t + 1)], rope);
         std::copy(row.begin(), row.end(), q.begin() + std::ptrdiff_t((size_t(t) * size_t(G) + size_t(j)) * size_t(d)));
       }

@@ -14,7 +14,7 @@
 #include "kvq/codec/codec.hpp"
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/io/alloc_file.hpp"
-#include "kvq/pipeline/allocate.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/util/error.hpp"
 #include "reservoir.hpp"
 #if KVQ_HAVE_CUDA
@@ -240,16 +240,12 @@ int match_effective_bits(const std::string& kind, int n_layers, int n_kv_heads, 
 VerifyReport run_verify(const VerifyOptions& o) {
   if (o.baseline != "uniform" && o.baseline != "kivi")
     throw Error("", "--baseline", "unknown baseline '" + o.baseline + "' (uniform or kivi)");
-  if (o.match != "nominal" && o.match != "effective")
-    throw Error("", "--match", "unknown value '" + o.match + "' (nominal or effective)");
-  if (o.match == "effective" && (o.baseline_k_bpd > 0 || o.baseline_v_bpd > 0))
-    throw Error("", "--match", "effective chooses the baseline's bits itself: drop --baseline-k-bpd / --baseline-v-bpd "
-                               "(or use --match nominal)");
+  alloc::check_match(o.match, o.baseline_k_bpd, o.baseline_v_bpd);
   CalibFile c = read_calib(o.calib, true);
   AllocFile a = read_alloc(o.alloc);
   check_alloc_matches(a, o.alloc, c, o.calib);
   if (c.holdout.windows < 1)
-    throw Error(o.calib, "/holdout@windows", "0: no held-out windows to verify on (calib-capture --holdout N)");
+    throw Error(o.calib, h5path::kHoldoutWindows, "0: no held-out windows to verify on (calib-capture --holdout N)");
   const int d = c.prov.head_dim;
   VerifyReport r;
   r.n_layers = c.prov.n_layers;

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "chart.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/report/table.hpp"
 #include "kvq/stats/derived.hpp"
 #include "kvq/util/error.hpp"
@@ -135,7 +136,7 @@ std::vector<std::string> plot_energy(const CalibFile& c, const AllocFile* a, int
   check_head(c, layer, kv_head);
   const auto sh = c.shape();
   if (c.moments.k.count_of(sh, layer, kv_head) == 0 || c.moments.q.count_of(sh, layer, kv_head) == 0)
-    throw Error("", "/stats/count_k", "no samples for layer " + std::to_string(layer) + " head " + std::to_string(kv_head));
+    throw Error("", h5path::kStatsCountK, "no samples for layer " + std::to_string(layer) + " head " + std::to_string(kv_head));
   RopeGeometry g{c.prov.pairing, sh.head_dim, c.prov.rotary_dim};
   const std::vector<double> s = block_energies(c.moments, g, layer, kv_head);
   std::vector<double> sorted = s;
@@ -302,7 +303,7 @@ std::vector<std::string> plot_eigen(const CalibFile& c, const AllocFile* a, int 
   check_head(c, layer, kv_head);
   const auto sh = c.shape();
   if (c.moments.k.count_of(sh, layer, kv_head) == 0)
-    throw Error("", "/stats/count_k", "no samples for layer " + std::to_string(layer) + " head " + std::to_string(kv_head));
+    throw Error("", h5path::kStatsCountK, "no samples for layer " + std::to_string(layer) + " head " + std::to_string(kv_head));
   const bool centered = !(a && a->params.is_object() && a->params.value("basis", std::string("centered")) == "uncentered");
   Spectra s = eigen_spectra(c, layer, kv_head, centered);
   double mx = 0;

@@ -140,9 +140,9 @@ inline AttnPlan plan_attention(const codec::AttentionProblem& p, const std::vect
     if (!p.rope.inv_freq.empty() && p.rope.inv_freq.size() != plan.inv_freq.size())
       throw Error("", "cuda attention: rope.inv_freq",
                   std::to_string(p.rope.inv_freq.size()) + " entries for rotary dim " + std::to_string(plan.rotary_dim));
-    for (int i = 0; i < plan.rotary_dim / 2; ++i)  // the CPU reference's expression, in double
+    for (int i = 0; i < plan.rotary_dim / 2; ++i)  // the CPU reference's frequencies, in double
       plan.inv_freq[static_cast<size_t>(i)] = p.rope.inv_freq.empty()
-                                                   ? std::pow(p.rope.theta, -2.0 * i / plan.rotary_dim)
+                                                   ? rope_block_default_inv_freq(p.rope.theta, i, plan.rotary_dim)
                                                    : p.rope.inv_freq[static_cast<size_t>(i)];
   }
   plan.split = plan_splits(p.n_tokens - codec::first_attended(p), n_kv, sm_count);

@@ -42,6 +42,9 @@ double mean_effective_bpd(const std::vector<HeadDecision>& heads, Side side, int
 // None reaches it: kvq::Error naming --match, the side, target and the baseline's widest.
 int match_effective_bits(const std::string& kind, const Shape& shape, Side side, double target,
                          bool norm_correction);
+// A --match value with the baseline's explicit bits (0: not given): kvq::Error naming --match
+// unless it is nominal, or effective without explicit bits (effective chooses them).
+void check_match(const std::string& match, double baseline_k_bpd, double baseline_v_bpd);
 
 // The norm-correction setting of an allocation's TQ heads (one per file); kvq-allocate's default
 // (on) when it has none.

@@ -27,6 +27,9 @@ void add_bpd(CLI::App& app, double& bpd, const std::string& name = "--bpd",
              const std::string& what = "bits per dimension (budget)");
 void add_out(CLI::App& app, std::string& out, const std::string& what);
 void add_seed(CLI::App& app, uint64_t& seed);
+// --match nominal|effective: how a baseline's budget is chosen against the allocation's
+// (kvq-verify, kvq-eval; the library checks it again: alloc::check_match).
+void add_match(CLI::App& app, std::string& match);
 
 // Applies -v/-q to spdlog (warnings and errors always reach stderr unless -q).
 void apply_common(const Common& c);

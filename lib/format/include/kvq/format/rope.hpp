@@ -3,6 +3,7 @@
 // The one definition shared by the forward (lib/model), the statistics, Block-GTQ's groups, the
 // codec's post-RoPE coding and the CUDA kernels. Written to disk (calibration and allocation files,
 // by name): never renumber or rename.
+#include <math.h>
 #include <stdint.h>
 
 #include "kvq/format/hd.hpp"
@@ -39,6 +40,13 @@ KVQ_HD void rope_block_coords(RopePairing p, int d, int d_r, int i, int* a, int*
   const RopeStride s = rope_stride(p, tail ? d - d_r : d_r);
   *a = (tail ? d_r : 0) + s.stride * j;
   *b = *a + s.partner;
+}
+
+// The default (unscaled) inverse frequency of RoPE block i: theta^(-2i/d_r), in double. The
+// model's frequency table, the codec's reference RoPE and the CUDA kernels' plan all take it from
+// here, so their angles are the same bits.
+KVQ_HD double rope_block_default_inv_freq(double theta, int i, int rotary_dim) {
+  return ::pow(theta, -2.0 * double(i) / double(rotary_dim));
 }
 
 // Turns the pair (xa, xb) of one RoPE block by the angle whose cosine c and sine s are given (the

@@ -9,18 +9,6 @@
 
 namespace kvq {
 
-// Whether kvq-allocate allocates `side` with `m`: every method but the kivi baseline for K;
-// not block-gtq or cobra-kl for V (they need RoPE blocks / queries). layer-precision allocates
-// both sides at once (run_allocate requires it for both).
-bool allocates(Method m, Side side);
-// The names allocates() accepts for a side, ", "-separated, in enum order (for help and errors).
-std::string allocation_method_names(Side side);
-// A --method / --v-method value: kvq::Error naming `flag` unless allocates(method, side).
-Method allocation_method_from_flag(const std::string& flag, const std::string& name, Side side);
-
-// A --formats value ("fp8,nvfp4", any order, no repeats): kvq::Error naming `flag` otherwise.
-std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag, const std::string& list);
-
 enum class NormCorrectionMode { kOff, kOn, kAuto };
 
 struct AllocateOptions {
@@ -79,25 +67,6 @@ struct AllocateOptions {
   // layer-precision (--method and --v-method both): the formats a layer may take, "fp8,nvfp4"
   std::string formats = "fp8,nvfp4";
 };
-
-// --norm-correction auto's measurement for one TQ decision (its norm_correction ignored), on the
-// calibration reservoir's first n = min(rows, measure_tokens) rows of its (layer, KV head, side),
-// K post-RoPE at each row's position when dec.post_rope (as the codec sees it). Coded both ways
-// with HeadCodec; K: the mean over query heads j of the KV head's group, the first
-// min(n, kNormCorrectionQueries) rows t as queries (post-RoPE at their positions) and all n rows s
-// as keys of |q_tj . (k_s - k^_s)| (every pair, causal or not: the keys' error seen by real
-// queries); V: the mean squared reconstruction error per row. err[0] = off, err[1] = on; the
-// decision is on iff err[1] < err[0].
-inline constexpr int kNormCorrectionQueries = 128;
-struct NormCorrectionChoice {
-  double err[2] = {0, 0};
-  bool on = false;
-};
-NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecision& dec, int measure_tokens);
-
-// The calibration reservoir's first n rows of dec's (layer, KV head, side), [n][d], as the codec
-// sees them: K rotated by RoPE at each row's position when dec.post_rope.
-std::vector<float> reservoir_rows(const CalibFile& c, const HeadDecision& dec, int64_t n);
 
 // Reads the calibration file, allocates, writes opts.out atomically; returns what was written.
 AllocFile run_allocate(const AllocateOptions& opts);
