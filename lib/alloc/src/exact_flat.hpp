@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvq/alloc/exact.hpp"
+#include "kvq/alloc/exact_solution.hpp"
 
 namespace kvq::alloc::detail {
 

@@ -8,7 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "kvq/capture/capture.hpp"
+#include "kvq/capture/options.hpp"
+#include "kvq/capture/ranks.hpp"
+#include "kvq/io/calib_file.hpp"
 #include "kvq/corpus/corpus.hpp"
 #include "kvq/model/model.hpp"
 

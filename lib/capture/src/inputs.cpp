@@ -10,6 +10,7 @@
 #include <ctime>
 
 #include "capture_detail.hpp"
+#include "kvq/capture/memory_size.hpp"
 #include "kvq/io/h5_paths.hpp"
 #include "kvq/model/model.hpp"
 #include "kvq/model/tokenizer.hpp"

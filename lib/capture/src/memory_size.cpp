@@ -4,7 +4,7 @@
 #include <fstream>
 #include <string>
 
-#include "kvq/capture/capture.hpp"
+#include "kvq/capture/memory_size.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq {

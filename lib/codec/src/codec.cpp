@@ -5,11 +5,41 @@
 #include <cstring>
 #include <string>
 
-#include "kind_codec.hpp"
+#include "kind_kivi.hpp"
+#include "kind_lowrank_hadamard.hpp"
+#include "kind_minifloat.hpp"
+#include "kind_tq_groups.hpp"
+#include "kvq/format/coding_kinds.hpp"
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq::codec {
+
+namespace detail {
+namespace {
+
+using Factory = std::unique_ptr<const KindCodec> (*)(const HeadDecision&, int, const layout::PackedLayout&);
+
+template <class Codec>
+std::unique_ptr<const KindCodec> make(const HeadDecision& dec, int head_dim, const layout::PackedLayout& L) {
+  return std::make_unique<const Codec>(dec, head_dim, L);
+}
+
+// Index = CodingKind value, as kCodingKinds.
+constexpr Factory kFactories[] = {make<TqGroupsCodec>, make<LowRankHadamardCodec>, make<KiviCodec>,
+                                  make<MinifloatCodec>};
+static_assert(sizeof(kFactories) / sizeof(kFactories[0]) == kNumCodingKinds, "one codec per kCodingKinds row");
+
+}  // namespace
+
+// The codec of dec's kind: the one dispatch on the kind.
+std::unique_ptr<const KindCodec> make_kind_codec(const HeadDecision& dec, int head_dim, const layout::PackedLayout& L) {
+  const auto i = static_cast<size_t>(dec.kind);
+  KVQ_ASSERT(i < kNumCodingKinds);  // layout_for refused any other value
+  return kFactories[i](dec, head_dim, L);
+}
+
+}  // namespace detail
 
 namespace {
 

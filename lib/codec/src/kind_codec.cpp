@@ -4,11 +4,6 @@
 #include <cstring>
 
 #include "code_stream.hpp"
-#include "kind_kivi.hpp"
-#include "kind_lowrank_hadamard.hpp"
-#include "kind_minifloat.hpp"
-#include "kind_tq_groups.hpp"
-#include "kvq/format/coding_kinds.hpp"
 
 namespace kvq::codec::detail {
 
@@ -26,10 +21,10 @@ void KindCodec::unpack_codes(const uint8_t* packed, int n_tokens, uint8_t* codes
 
 namespace {
 const std::vector<float> kNoFloats;
-const std::vector<HeadCodec::TqGroupTables> kNoGroups;
+const std::vector<TqGroupTables> kNoGroups;
 }  // namespace
 
-const std::vector<HeadCodec::TqGroupTables>& KindCodec::tq_groups() const { return kNoGroups; }
+const std::vector<TqGroupTables>& KindCodec::tq_groups() const { return kNoGroups; }
 const std::vector<float>& KindCodec::norm_levels() const { return kNoFloats; }
 const std::vector<float>& KindCodec::folded_basis() const { return kNoFloats; }
 const std::vector<float>& KindCodec::mean() const { return kNoFloats; }
@@ -41,28 +36,6 @@ void HeadDomainCodec::latent_to_head(const float* latent, int n_tokens, float* o
 void HeadDomainCodec::query_to_latent(const float* q, float* qc, float* q_off) const {
   std::memcpy(qc, q, sizeof(float) * static_cast<size_t>(d_));
   *q_off = 0.f;
-}
-
-namespace {
-
-using Factory = std::unique_ptr<const KindCodec> (*)(const HeadDecision&, int, const layout::PackedLayout&);
-
-template <class Codec>
-std::unique_ptr<const KindCodec> make(const HeadDecision& dec, int head_dim, const layout::PackedLayout& L) {
-  return std::make_unique<const Codec>(dec, head_dim, L);
-}
-
-// Index = CodingKind value, as kCodingKinds.
-constexpr Factory kFactories[] = {make<TqGroupsCodec>, make<LowRankHadamardCodec>, make<KiviCodec>,
-                                  make<MinifloatCodec>};
-static_assert(sizeof(kFactories) / sizeof(kFactories[0]) == kNumCodingKinds, "one codec per kCodingKinds row");
-
-}  // namespace
-
-std::unique_ptr<const KindCodec> make_kind_codec(const HeadDecision& dec, int head_dim, const layout::PackedLayout& L) {
-  const auto i = static_cast<size_t>(dec.kind);
-  KVQ_ASSERT(i < kNumCodingKinds);  // layout_for refused any other value
-  return kFactories[i](dec, head_dim, L);
 }
 
 }  // namespace kvq::codec::detail

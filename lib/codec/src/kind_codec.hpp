@@ -9,7 +9,7 @@
 #include <memory>
 #include <vector>
 
-#include "kvq/codec/codec.hpp"
+#include "kvq/codec/tq_tables.hpp"
 #include "kvq/format/decision.hpp"
 #include "kvq/format/packed_layout.hpp"
 
@@ -47,7 +47,7 @@ class KindCodec {
   virtual bool latent_is_head() const { return false; }
 
   // Tables (HeadCodec's accessors; empty where the kind has none).
-  virtual const std::vector<HeadCodec::TqGroupTables>& tq_groups() const;
+  virtual const std::vector<TqGroupTables>& tq_groups() const;
   virtual const std::vector<float>& norm_levels() const;
   virtual const std::vector<float>& folded_basis() const;
   virtual const std::vector<float>& mean() const;
@@ -69,7 +69,5 @@ class HeadDomainCodec : public KindCodec {
   bool latent_is_head() const final { return true; }
 };
 
-// The codec of dec's kind (the one dispatch on the kind: kind_codec.cpp's table).
-std::unique_ptr<const KindCodec> make_kind_codec(const HeadDecision& dec, int head_dim, const layout::PackedLayout& L);
 
 }  // namespace kvq::codec::detail

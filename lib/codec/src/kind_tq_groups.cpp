@@ -18,7 +18,7 @@ TqGroupsCodec::TqGroupsCodec(const HeadDecision& dec, int head_dim, const layout
     : KindCodec(dec, head_dim, L) {
   uint32_t off = 0;
   for (const TqGroup& g : dec.groups) {
-    HeadCodec::TqGroupTables t;
+    TqGroupTables t;
     t.dims = g.dims;
     t.bits = g.bits;
     t.latent_offset = off;
@@ -89,7 +89,7 @@ void TqGroupsCodec::encode(const float* x, int n_tokens, uint8_t* out) const {
         }
       }
     for (size_t g = 0; g < ng; ++g) {
-      const HeadCodec::TqGroupTables& G = groups_[g];
+      const TqGroupTables& G = groups_[g];
       const int m = static_cast<int>(G.dims.size());
       xg.resize(static_cast<size_t>(nt) * m);
       u.resize(xg.size());
@@ -177,7 +177,7 @@ void TqGroupsCodec::latent_to_head(const float* latent, int n_tokens, float* out
     return;
   }
   std::vector<float> tmp;
-  for (const HeadCodec::TqGroupTables& G : groups_) {
+  for (const TqGroupTables& G : groups_) {
     const int m = static_cast<int>(G.dims.size());
     tmp.resize(static_cast<size_t>(n_tokens) * m);
     small_gemm(latent + G.latent_offset, cd, G.rotation->matrix.data(), m, tmp.data(), m, n_tokens, m, m, false);
@@ -189,7 +189,7 @@ void TqGroupsCodec::latent_to_head(const float* latent, int n_tokens, float* out
 
 // x_D = Pi_g^T z_g, so q . x = sum_g (Pi_g q_D) . z_g.
 void TqGroupsCodec::query_to_latent(const float* q, float* qc, float* q_off) const {
-  for (const HeadCodec::TqGroupTables& G : groups_) {
+  for (const TqGroupTables& G : groups_) {
     const size_t m = G.dims.size();
     const float* pi = G.rotation->matrix.data();
     for (size_t j = 0; j < m; ++j) {

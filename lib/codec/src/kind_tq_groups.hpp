@@ -13,11 +13,11 @@ class TqGroupsCodec final : public KindCodec {
   void unpack_codes(const uint8_t* packed, int n_tokens, uint8_t* codes) const override;
   void latent_to_head(const float* latent, int n_tokens, float* out) const override;
   void query_to_latent(const float* q, float* qc, float* q_off) const override;
-  const std::vector<HeadCodec::TqGroupTables>& tq_groups() const override { return groups_; }
+  const std::vector<TqGroupTables>& tq_groups() const override { return groups_; }
   const std::vector<float>& norm_levels() const override { return norm_levels_; }
 
  private:
-  std::vector<HeadCodec::TqGroupTables> groups_;
+  std::vector<TqGroupTables> groups_;
   bool tq_identity_dims_ = false;   // a single group with dims 0..d-1: no scatter
   std::vector<float> norm_levels_;  // compact group norms only
 };

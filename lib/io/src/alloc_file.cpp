@@ -6,6 +6,7 @@
 
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/io/h5.hpp"
+#include "kvq/io/h5_paths.hpp"
 #include "kvq/util/fault_guard.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
@@ -118,11 +119,11 @@ void write_alloc(const std::string& path, const AllocFile& a) {
       H5::Group root = f.openGroup("/");
       h5::write_attr(root, "format", std::string(kAllocFormat));
       h5::write_attr(root, "version", version);
-      h5::write_root_text(root, "manifest", text, version >= kAllocManifestDatasetVersion);
-      auto t = h5::make_group(root, "tensors");
+      h5::write_root_text(root, h5path::leaf(h5path::kManifest), text, version >= kAllocManifestDatasetVersion);
+      auto t = h5::make_group(root, h5path::leaf(h5path::kTensors));
       for (const auto& h : a.heads) alloc_heads::write_head_tensors(t, h, d);
       if (!a.k_distortion_before.empty() || !a.v_distortion_before.empty()) {
-        auto s = h5::make_group(root, "solver");
+        auto s = h5::make_group(root, h5path::leaf(h5path::kSolver));
         const auto L = hsize_t(a.calib.n_layers), H = hsize_t(a.calib.n_kv_heads);
         for (Side side : {Side::kK, Side::kV}) {
           const auto& v = a.distortion_before(side);
@@ -147,10 +148,10 @@ AllocFile read_alloc(const std::string& path) {
   // versions in the root attribute.
   const int64_t version = opened.header.version;
   try {
-    m = json::parse(h5::read_root_text(path, root, "manifest", version, kAllocManifestDatasetVersion, "allocation",
+    m = json::parse(h5::read_root_text(path, root, h5path::leaf(h5path::kManifest), version, kAllocManifestDatasetVersion, "allocation",
                                        kAllocManifestMaxBytes));
   } catch (const json::exception&) {
-    throw Error(path, version >= kAllocManifestDatasetVersion ? "/manifest" : "/@manifest", "not valid JSON");
+    throw Error(path, version >= kAllocManifestDatasetVersion ? std::string(h5path::kManifest) : h5path::attr("/", h5path::leaf(h5path::kManifest)), "not valid JSON");
   }
   AllocFile a;
   std::string field;
@@ -201,7 +202,7 @@ AllocFile read_alloc(const std::string& path) {
   const int d = a.calib.head_dim, L = a.calib.n_layers, H = a.calib.n_kv_heads;
   if (d < 2 || d > 4096 || L < 1 || L > 4096 || H < 1 || H > 4096)
     throw Error(path, "manifest.calibration", "implausible shape: head_dim " + std::to_string(d));
-  auto t = h5::open_group(path, root, "tensors");
+  auto t = h5::open_group(path, root, h5path::leaf(h5path::kTensors));
   if (!m.contains("heads") || !m["heads"].is_array()) throw Error(path, "manifest.heads", "missing");
   size_t i = 0;
   for (const auto& j : m["heads"]) {
@@ -220,14 +221,14 @@ AllocFile read_alloc(const std::string& path) {
     throw Error(path, "manifest.heads", "expected " + std::to_string(2 * L * H) + " decisions (K and V per layer and KV head), found " +
                                             std::to_string(a.heads.size()));
   // Optional (files written before kvq stored them lack the group): the solver's before-C2 figures.
-  if (h5::exists(root, "solver")) {
-    auto s = h5::open_group(path, root, "solver");
+  if (h5::exists(root, h5path::leaf(h5path::kSolver))) {
+    auto s = h5::open_group(path, root, h5path::leaf(h5path::kSolver));
     for (Side side : {Side::kK, Side::kV}) {
       const std::string name = distortion_before_name(side);
       if (!h5::exists(s, name)) continue;
       auto v = h5::read_f64(path, s, name, {hsize_t(L), hsize_t(H)});
       for (double x : v)
-        if (!(x >= 0)) throw Error(path, "/solver/" + name, "negative or NaN value");
+        if (!(x >= 0)) throw Error(path, h5path::child(h5path::kSolver, name), "negative or NaN value");
       (side == Side::kK ? a.k_distortion_before : a.v_distortion_before) = std::move(v);
     }
   }

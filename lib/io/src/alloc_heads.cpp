@@ -4,7 +4,7 @@
 
 #include "kvq/format/coding_kinds.hpp"
 #include "kvq/format/decision_layout.hpp"
-#include "kvq/io/alloc_file.hpp"
+#include "kvq/io/alloc_versions.hpp"
 #include "kvq/io/h5.hpp"
 
 namespace kvq::alloc_heads {

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kvq/alloc/exact_solution.hpp"
+
 namespace kvq::alloc {
 
 // One way to code a head: `rank` kept directions at `bits` each; weight = rank * bits bits/token.
@@ -39,16 +41,6 @@ HeadCurve make_curve(const std::vector<CurveOption>& options, int64_t budget_flo
 // D*(budget) on a curve; +infinity when no point fits.
 double curve_value(const HeadCurve& c, int64_t budget, int* point_index = nullptr);
 
-struct ExactSolution {
-  std::vector<int64_t> budgets;  // B_h; sum == total exactly
-  std::vector<int> point;        // curve point each head is coded with (cost <= B_h)
-  double objective = 0.0;        // sum_h D*_h(B_h), the true integer optimum
-  // Diagnostics: Lagrangian lower bound, heads left to the DP after reduced-cost fixing, DP states.
-  double lower_bound = 0.0;
-  double upper_bound_greedy = 0.0;
-  int free_heads = 0;
-  int64_t dp_states = 0;
-};
 
 // Exact optimum. Method: lower convex hull per head -> LP relaxation by greedy over hull segments
 // (critical slope mu, found by cost histograms over the efficiencies' bits, no sort) ->

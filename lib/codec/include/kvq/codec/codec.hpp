@@ -48,6 +48,7 @@
 #include "kvq/format/decision.hpp"
 #include "kvq/format/packed_layout.hpp"
 #include "kvq/codec/rotation.hpp"
+#include "kvq/codec/tq_tables.hpp"
 
 namespace kvq::codec {
 
@@ -91,14 +92,7 @@ class HeadCodec {
   void decode_latent(const uint8_t* packed, int n_tokens, float* latent) const;
 
   // ---- tables (the CUDA side uploads exactly these) ----
-  struct TqGroupTables {
-    std::vector<int> dims;             // head coordinates, code order
-    int bits = 0;
-    uint32_t latent_offset = 0;        // first code/latent index of the group
-    std::shared_ptr<const Rotation> rotation;
-    std::vector<float> centroids;      // 2^bits: N(0, 1/m) or the sphere law (group_codebook)
-    std::vector<float> thresholds;     // 2^bits - 1
-  };
+  using TqGroupTables = codec::TqGroupTables;
   const std::vector<TqGroupTables>& tq_groups() const;
   // Compact group norms (decision().ratio_bits > 0): the head-norm levels (tq_compact_levels) and
   // the ratio codebook [2^k][n_groups]; both empty otherwise.

@@ -1,11 +1,10 @@
-#include "kvq/io/kvq_file.hpp"
+#include "open_kvq_file.hpp"
 
-#include "kvq/io/alloc_file.hpp"
-#include "kvq/io/calib_file.hpp"
+#include "kvq/io/alloc_versions.hpp"
+#include "kvq/io/calib_versions.hpp"
 #include "kvq/io/h5.hpp"
 #include "kvq/util/fault_guard.hpp"
 #include "kvq/util/error.hpp"
-#include "open_kvq_file.hpp"
 
 namespace kvq {
 namespace {
@@ -17,8 +16,8 @@ struct Format {
   int64_t oldest, newest;  // @version range this kvq reads
 };
 
-// Every kvq file format and the versions this build reads (frozen numbers: calib_file.hpp,
-// alloc_file.hpp).
+// Every kvq file format and the versions this build reads (frozen numbers: calib_versions.hpp,
+// alloc_versions.hpp).
 constexpr Format kFormats[] = {
     {KvqFileKind::kCalibration, kCalibFormat, "calibration", kCalibOldestVersion, kCalibVersion},
     {KvqFileKind::kAllocation, kAllocFormat, "allocation", kAllocOldestVersion, kAllocVersion},

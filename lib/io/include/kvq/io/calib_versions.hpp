@@ -1,0 +1,24 @@
+#pragma once
+// The calibration file's (.kvqcal.h5) format name and versions: frozen numbers, read by its
+// reader/writer (calib_file.hpp) and by the check every kvq file passes (kvq_file.hpp).
+#include <cstddef>
+#include <cstdint>
+
+namespace kvq {
+
+inline constexpr const char* kCalibFormat = "kvq-calibration";
+// Written to disk; bump on any layout change. 2: provenance records the model's RoPE (rope_type,
+// rope_inv_freq, rope_attention_factor); version-1 files read as unscaled theta^(-2i/d_r) RoPE.
+// 3: /stats/amax_{k,v,q}, the activation maxima (Moments::k_amax ...); older files read without them.
+// 4: the provenance in the root dataset /provenance (u8, its JSON's UTF-8 bytes) instead of the
+// root attribute, written only when it is too large for an HDF5 attribute (more than
+// kCalibProvenanceAttrMax bytes: a corpus folder of several hundred files); other files are
+// written at 3 and keep their bytes.
+inline constexpr int64_t kCalibVersion = 4;
+inline constexpr int64_t kCalibOldestVersion = 1;
+inline constexpr int64_t kCalibAttrProvenanceVersion = 3;     // what a file with the attribute is written at
+inline constexpr int64_t kCalibProvenanceDatasetVersion = 4;
+inline constexpr size_t kCalibProvenanceAttrMax = 60000;       // HDF5's limit is 64 KiB per header message
+inline constexpr size_t kCalibProvenanceMaxBytes = size_t(1) << 30;  // what a reader accepts
+
+}  // namespace kvq
