@@ -54,7 +54,10 @@ int main(int argc, char** argv) {
                   "sets the chunk size (the plan is logged at the start)");
   mem->add_option("--chunk", o.chunk_windows, "windows per chunk (a multiple of --batch; default: what fits)")
       ->check(CLI::NonNegativeNumber);
-  mem->add_flag("--spill", o.spill, "keep the chunk's hidden states in a temporary file beside --out even when they fit");
+  mem->add_flag("--spill", o.spill, "keep the chunk's hidden states in a temporary file even when they fit");
+  mem->add_option("--tmp-dir", o.tmp_dir,
+                  "directory for the streamed capture's temporary files (payload, spill; unlinked at once, their "
+                  "space reserved up front), e.g. a scratch disk (default: beside --out)");
 
   auto* merge = app.add_subcommand("merge", "add the statistics of calibration files over disjoint windows");
   std::vector<std::string> inputs;
@@ -103,6 +106,6 @@ int main(int argc, char** argv) {
       return 2;
     }
     return 0;
-  });
-  return ranks.finish(rc);
+  }, /*exit_on_error=*/false);
+  return kvq::cli::leave(ranks.finish(rc));
 }

@@ -1,5 +1,6 @@
 // kvq-allocate: calibration file + bits-per-dimension budget -> allocation file.
 #include "kvq/cli/cli.hpp"
+#include "kvq/util/atomic_file.hpp"
 #include "kvq/pipeline/allocate.hpp"
 #include "kvq/pipeline/allocation_methods.hpp"
 
@@ -103,7 +104,9 @@ int main(int argc, char** argv) {
     // layer-precision decides K and V of a layer together: --v-method follows unless given.
     if (o.method == kvq::Method::kLayerPrecision && v_method_opt->count() == 0) v_method = method;
     o.v_method = kvq::allocation_method_from_flag("--v-method", v_method, kvq::Side::kV);
+    kvq::OutputBatch outputs;  // --out and --manifest together, or neither
     kvq::run_allocate(o);
+    outputs.commit();
     return 0;
   });
 }

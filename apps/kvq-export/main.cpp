@@ -3,6 +3,7 @@
 #include <map>
 
 #include "kvq/cli/cli.hpp"
+#include "kvq/util/atomic_file.hpp"
 #include "kvq/export/modelopt.hpp"
 #include "kvq/export/vllm.hpp"
 
@@ -47,12 +48,14 @@ int main(int argc, char** argv) {
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-export", [&] {
     std::vector<std::string> written;
+    kvq::OutputBatch outputs;  // the directory's files together, or none (and no new directory)
     if (vllm->parsed()) {
       vo.strategy = strategy == "attn_head" ? kvq::exporter::ScaleStrategy::kAttnHead : kvq::exporter::ScaleStrategy::kTensor;
       written = kvq::exporter::export_vllm(calib, vllm_out, vo);
     } else {
       written = kvq::exporter::export_modelopt(alloc, mo_out);
     }
+    outputs.commit();
     for (const auto& f : written)
       if (!common.quiet) std::fprintf(stderr, "kvq-export: wrote %s\n", f.c_str());
     return 0;

@@ -2,6 +2,7 @@
 #include <cstdio>
 
 #include "kvq/cli/cli.hpp"
+#include "kvq/util/atomic_file.hpp"
 #include "kvq/report/inspect.hpp"
 
 int main(int argc, char** argv) {
@@ -34,7 +35,9 @@ int main(int argc, char** argv) {
   kvq::cli::apply_common(common);
   o.summary = !common.quiet;
   return kvq::cli::run_main("kvq-inspect", [&] {
+    kvq::OutputBatch outputs;  // --json, --csv and every plot together, or none
     auto r = kvq::report::run_inspect(o, stdout);
+    outputs.commit();
     for (const auto& n : r.notes)
       if (!common.quiet) std::fprintf(stderr, "kvq-inspect: note: %s\n", n.c_str());
     for (const auto& f : r.written)

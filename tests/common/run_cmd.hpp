@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -43,6 +44,20 @@ inline CmdResult run_cmd(const std::string& cmd) {
 }
 
 inline std::string bin(const std::string& tool) { return std::string(KVQ_BIN_DIR) + "/" + tool; }
+
+// waitpid bounded by `seconds`: true when the child ended (its status in *status); otherwise it is
+// killed, reaped and false — a child that does not end is a failure, never a hang.
+inline bool wait_bounded(pid_t pid, int* status, int seconds = 10) {
+  for (int i = 0; i < seconds * 100; ++i) {
+    const pid_t got = ::waitpid(pid, status, WNOHANG);
+    if (got == pid) return true;
+    if (got < 0) return false;
+    ::usleep(10000);
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, status, 0);
+  return false;
+}
 
 inline std::string temp_path(const std::string& name) {
   return ::testing::TempDir() + "kvq_" + std::to_string(::getpid()) + "_" + name;

@@ -18,6 +18,8 @@
 #include "capture_detail.hpp"
 #include "kvq/util/rng.hpp"
 #include "kvq/model/model.hpp"
+#include "kvq/util/atomic_file.hpp"
+#include "kvq/util/disk_space.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/payload_memory.hpp"
 #include "kvq/util/progress.hpp"
@@ -70,25 +72,14 @@ class HoldoutObserver : public CaptureObserver {
   int T_;
 };
 
-// Hidden states of a chunk in an unlinked temporary file beside --out, mapped shared: a batch's
+// Hidden states of a chunk in an unlinked temporary file in --tmp-dir (default: beside --out), mapped shared: a batch's
 // rows are written back and their pages dropped after each step, so they do not stay resident.
 class SpillFile {
  public:
-  SpillFile(const std::string& out, int64_t bytes) : size_(size_t(bytes)) {
-    const std::filesystem::path dir = std::filesystem::path(out).parent_path();
-    std::string tmpl = ((dir.empty() ? std::filesystem::path(".") : dir) / ".kvq-spill-XXXXXX").string();
-    int fd = ::mkstemp(tmpl.data());
-    if (fd < 0) throw Error(tmpl, "--out", std::string("cannot create the spill file: ") + std::strerror(errno));
-    ::unlink(tmpl.c_str());  // gone with the process, however it ends
-    if (::ftruncate(fd, off_t(size_)) != 0) {
-      const int e = errno;
-      ::close(fd);
-      throw Error(tmpl, "--out", std::string("cannot size the spill file: ") + std::strerror(e));
-    }
-    void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    ::close(fd);
-    if (p == MAP_FAILED) throw Error(tmpl, "--out", std::string("cannot map the spill file: ") + std::strerror(errno));
-    base_ = static_cast<uint8_t*>(p);
+  SpillFile(const std::string& dir, int64_t bytes) : size_(size_t(bytes)) {
+    // Reserved before it is mapped: a full disk is one line, not a SIGBUS mid-forward.
+    base_ = static_cast<uint8_t*>(
+        map_reserved_temp_file(dir, ".kvq-spill-", size_, "--tmp-dir", "the hidden-state spill file"));
   }
   ~SpillFile() { ::munmap(base_, size_); }
   SpillFile(const SpillFile&) = delete;
@@ -107,6 +98,12 @@ class SpillFile {
   uint8_t* base_ = nullptr;
   size_t size_ = 0;
 };
+
+// What an interrupted run tells its user: the checkpoint on disk and how to continue it.
+std::string resume_note(const std::string& out, int64_t done, int64_t total) {
+  return out + " holds the checkpoint of " + std::to_string(done) + " of " + std::to_string(total) +
+         " windows: the same command with --resume continues it";
+}
 
 // Test hook: KVQ_TEST_KILL_AT_LAYER=l with KVQ_TEST_KILL_AFTER_WINDOWS=K kills the streamed run
 // inside layer l of the chunk that would take it past K windows (mid-chunk, before its checkpoint).
@@ -202,7 +199,7 @@ void run_windows_streamed(const Inputs& in, const CaptureOptions& o, CalibFile& 
     const int64_t row_bytes = int64_t(in.model.config().hidden_size) * int64_t(sizeof(float));
     std::unique_ptr<SpillFile> spill;
     if (mp.spill) {
-      spill = std::make_unique<SpillFile>(o.out, (end - begin) * T * row_bytes);
+      spill = std::make_unique<SpillFile>(temp_dir(o), (end - begin) * T * row_bytes);
       for (size_t i = 0; i < batches.size(); ++i) batches[i].hidden = spill->at(row0[i] * row_bytes);
     }
     Model::ChunkHooks hooks;
@@ -288,11 +285,10 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
   const size_t nq = size_t(shape.n_heads) * d, nkv = size_t(shape.n_kv_heads) * d;
 
   // A streamed capture keeps the file's payload (reservoir, held-out windows) in unlinked files
-  // beside --out, about one layer of it resident (see MemoryPlan).
+  // in --tmp-dir (default: beside --out), about one layer of it resident (see MemoryPlan).
   std::optional<payload::FileBacked> file_payload;
   if (in->model.streamed()) {
-    const std::filesystem::path dir = std::filesystem::path(o.out).parent_path();
-    file_payload.emplace(dir.empty() ? std::string(".") : dir.string());
+    file_payload.emplace(temp_dir(o));
   }
   CalibFile c;
   if (o.resume && std::filesystem::exists(o.out)) {
@@ -340,7 +336,15 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
       throw;
     }
     trim(rows_max);
+    set_interrupt_note(resume_note(path, c.windows_done, int64_t(offsets.size())));
   };
+  if (o.resume && c.windows_done > 0)
+    set_interrupt_note(resume_note(o.out, c.windows_done, int64_t(offsets.size())));
+  else
+    set_interrupt_note(o.checkpoint_every > 0
+                           ? "no checkpoint yet, nothing written (one is written every " +
+                                 std::to_string(o.checkpoint_every) + " windows)"
+                           : "nothing written (--checkpoint-every K makes a long run resumable)");
 
   const int T = o.seq_len;
   auto pick = [&](int64_t w0, int64_t n, Picks& picks) {

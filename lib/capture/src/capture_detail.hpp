@@ -33,6 +33,13 @@ struct MemoryPlan {
   int64_t peak() const { return layer + scratch + payload + (spill ? 0 : chunk * per_window); }
 };
 
+// The disk a run needs (plan_disk): beside --out, and in --tmp-dir when that is elsewhere.
+struct DiskPlan {
+  int64_t file = 0;     // the calibration file (and each checkpoint, written beside it before the rename)
+  int64_t payload = 0;  // streamed: the reservoir and held-out rows in files in --tmp-dir
+  int64_t spill = 0;    // streamed with a spill: one chunk's hidden states in --tmp-dir
+};
+
 // What a run derives from its inputs before the first forward.
 struct Inputs {
   explicit Inputs(Model m) : model(std::move(m)) {}
@@ -43,6 +50,7 @@ struct Inputs {
   MomentShape shape;
   CalibProvenance prov;
   MemoryPlan memory;  // streamed runs
+  DiskPlan disk;
 };
 
 // Validates the options, loads model and tokenizer, tokenizes the corpus, plans the windows.
@@ -51,6 +59,14 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o);
 // The streamed forward's memory plan for this run; throws kvq::Error naming --max-memory when one
 // layer's pass cannot fit. Logs the plan (info).
 MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o);
+
+// --tmp-dir, or the directory of --out.
+std::string temp_dir(const CaptureOptions& o);
+
+// The disk this run needs beside --out and in --tmp-dir; throws kvq::Error naming the directory,
+// the bytes needed and the bytes free when the filesystem cannot hold them (before any forward).
+// Logs the plan (info).
+DiskPlan plan_disk(const Inputs& in, const CaptureOptions& o);
 
 // Refuses (kvq::Error naming the field) to continue `old` with another run's inputs or plan.
 void check_resumable(const std::string& out, const CalibFile& old, const CalibProvenance& want,

@@ -9,7 +9,12 @@
 #include <cstdlib>
 #include <ctime>
 
+#include <sys/stat.h>
+
+#include <filesystem>
+
 #include "capture_detail.hpp"
+#include "kvq/util/disk_space.hpp"
 #include "kvq/capture/memory_size.hpp"
 #include "kvq/io/h5_paths.hpp"
 #include "kvq/model/model.hpp"
@@ -152,7 +157,54 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   prov.n_tokens_corpus = int64_t(in->stream.size());
   prov.created_unix = now_unix();
   if (o.stream) in->memory = plan_memory(*in, o);
+  in->disk = plan_disk(*in, o);
   return in;
+}
+
+std::string temp_dir(const CaptureOptions& o) {
+  if (!o.tmp_dir.empty()) return o.tmp_dir;
+  const std::filesystem::path dir = std::filesystem::path(o.out).parent_path();
+  return dir.empty() ? std::string(".") : dir.string();
+}
+
+DiskPlan plan_disk(const Inputs& in, const CaptureOptions& o) {
+  const ModelConfig& cfg = in.model.config();
+  const int64_t T = o.seq_len, L = cfg.n_layers, d = cfg.head_dim;
+  const int64_t row = int64_t(cfg.n_heads + 2 * cfg.n_kv_heads) * d * int64_t(sizeof(float));
+  const int64_t rows = std::min<int64_t>(o.reservoir_tokens, int64_t(in.offsets.size()) * T);
+  const int64_t holdout = int64_t(in.plan.holdout.size()) * T * L * row;
+  const int64_t moments = L * int64_t(3 * cfg.n_kv_heads) * (d * d + d) * int64_t(sizeof(double));
+  DiskPlan p;
+  // The file: reservoir rows and their sources, held-out windows, moments, offsets; HDF5's own
+  // metadata is small beside them.
+  p.file = rows * L * row + rows * 2 * int64_t(sizeof(int64_t)) + holdout + moments +
+           int64_t(in.plan.holdout.size() + in.offsets.size()) * int64_t(sizeof(int64_t)) + (int64_t(1) << 20);
+  if (o.stream) {
+    p.payload = in.memory.payload_in_file;
+    if (in.memory.spill) p.spill = in.memory.chunk * in.memory.per_window;
+  }
+  const std::string out_dir = [&] {
+    const std::filesystem::path dir = std::filesystem::path(o.out).parent_path();
+    return dir.empty() ? std::string(".") : dir.string();
+  }();
+  const std::string tmp = temp_dir(o);
+  std::error_code ec;
+  if (!o.tmp_dir.empty() && !std::filesystem::is_directory(o.tmp_dir, ec))
+    throw Error(o.tmp_dir, "--tmp-dir", "is not a directory");
+  struct stat a {}, b {};
+  const bool same_fs = ::stat(out_dir.c_str(), &a) == 0 && ::stat(tmp.c_str(), &b) == 0 && a.st_dev == b.st_dev;
+  const int64_t temps = p.payload + p.spill;
+  spdlog::info("disk plan: the file {} beside --out{}", gib(p.file),
+               temps > 0 ? ", temporary payload " + gib(p.payload) + (p.spill > 0 ? " + spill " + gib(p.spill) : "") +
+                               " in " + (same_fs ? out_dir : tmp)
+                         : std::string());
+  if (same_fs) {
+    check_disk_space(out_dir, p.file + temps, "--out", "the calibration file" + std::string(temps > 0 ? " and its temporary payload" : ""));
+  } else {
+    check_disk_space(out_dir, p.file, "--out", "the calibration file");
+    if (temps > 0) check_disk_space(tmp, temps, "--tmp-dir", "the temporary payload");
+  }
+  return p;
 }
 
 MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
@@ -201,12 +253,12 @@ MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
   if (o.checkpoint_every > 0)      // chunks end where the batch loop would write its checkpoints
     m.chunk = std::min(m.chunk, (int64_t(o.checkpoint_every) + B - 1) / B * B);
   spdlog::info("memory plan: budget {}, layer {} {} (fp32 {} + stored {}), scratch {} (batch {} x {} tokens), "
-                "payload {} resident ({} in files beside --out), hidden states {} per window, chunk {} windows{}, "
+                "payload {} resident ({} in files in --tmp-dir), hidden states {} per window, chunk {} windows{}, "
                 "expected peak {}",
                 gib(m.budget), m.widest_layer, gib(m.layer), gib(in.model.layer_fp32_bytes(m.widest_layer)),
                 gib(in.model.layer_stored_bytes(m.widest_layer)), gib(m.scratch), B, T, gib(m.payload),
                 gib(m.payload_in_file),
-                gib(m.per_window), m.chunk, m.spill ? " spilled to a file beside --out" : "", gib(m.peak()));
+                gib(m.per_window), m.chunk, m.spill ? " spilled to a file in --tmp-dir" : "", gib(m.peak()));
   return m;
 }
 

@@ -1,7 +1,11 @@
 #include "kvq/cli/cli.hpp"
 
+#include "kvq/util/atomic_file.hpp"
+
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
+
+#include <unistd.h>
 
 #include <cstdio>
 
@@ -72,23 +76,32 @@ void apply_common(const Common& c) {
   else spdlog::set_level(spdlog::level::info);
 }
 
-int run_main(const std::string& tool, const std::function<int()>& body) {
+int leave(int rc) {
+  if (rc != 2) return rc;
+  std::fflush(nullptr);
+  ::_exit(rc);
+}
+
+int run_main(const std::string& tool, const std::function<int()>& body, bool exit_on_error) {
+  kvq::install_interrupt_handlers();  // Ctrl-C / kill: temporaries removed, one line, exit 130 / 143
+  int rc = 0;
   try {
     return body();
   } catch (const kvq::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
-    return 2;
+    rc = 2;
   } catch (const std::exception& e) {
     // Exit 2 like every other error (1 is kept for "checked and failed", e.g. a kvq-verify gate).
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
-    return 2;
+    rc = 2;
   } catch (...) {
     // A library type outside std::exception (HDF5's C++ API throws H5::Exception): never a
     // terminate()/abort. Readers translate these to kvq::Error; reaching here is a missing guard.
     std::fprintf(stderr, "%s: error: unexpected non-standard exception (a reader missed a guard; please report)\n",
                  tool.c_str());
-    return 2;
+    rc = 2;
   }
+  return exit_on_error ? leave(rc) : rc;
 }
 
 int parse(CLI::App& app, int argc, char** argv) {

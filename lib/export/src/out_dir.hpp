@@ -4,6 +4,7 @@
 #include <string>
 #include <system_error>
 
+#include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq::exporter::detail {
@@ -15,10 +16,6 @@ inline void check_out_dir(const std::string& dir) {
     throw Error(dir, "--out", "exists and is not a directory");
 }
 
-inline void make_out_dir(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) throw Error(dir, "--out", "cannot create the directory: " + ec.message());
-}
+inline void make_out_dir(const std::string& dir) { make_output_dir(dir, "--out"); }
 
 }  // namespace kvq::exporter::detail

@@ -114,6 +114,7 @@ void write_alloc(const std::string& path, const AllocFile& a) {
   const std::string text = manifest_text(m);
   const int d = a.calib.head_dim;
   write_atomically(path, [&](const std::string& tmp) {
+    const h5::MuteCloseErrors mute;  // a failed close is the one kvq::Error below, not lines on stderr
     try {
       auto f = h5::create(tmp);
       H5::Group root = f.openGroup("/");

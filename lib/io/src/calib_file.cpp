@@ -205,6 +205,7 @@ static void write_side(H5::Group& g, const char* tag, const SideMoments& s, cons
 void write_calib(const std::string& path, const CalibFile& c) {
   const auto sh = c.shape();
   write_atomically(path, [&](const std::string& tmp) {
+    const h5::MuteCloseErrors mute;  // a failed close is the one kvq::Error below, not lines on stderr
     try {
       auto f = h5::create(tmp);
       H5::Group root = f.openGroup("/");

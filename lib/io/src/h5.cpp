@@ -1,5 +1,7 @@
 #include "kvq/io/h5.hpp"
 
+#include <iostream>
+
 #include <hdf5.h>
 
 #include <algorithm>
@@ -22,6 +24,9 @@ static std::string path_of(const H5::H5Object& o) {
     return "?";
   }
 }
+
+MuteCloseErrors::MuteCloseErrors() : old_(std::cerr.rdbuf(nullptr)) {}
+MuteCloseErrors::~MuteCloseErrors() { std::cerr.rdbuf(old_); }
 
 H5::H5File create(const std::string& path) {
   quiet();
@@ -193,15 +198,17 @@ static void write_impl(H5::Group& g, const std::string& name, const std::vector<
   auto ds = g.createDataSet(name, file_type, space, dcpl);
   size_t n = 1;
   for (auto x : dims) n *= x;
-  if (n == 0) return;
-  if (!payload::is_file_backed(data, n * sizeof(T))) {
+  if (n > 0 && !payload::is_file_backed(data, n * sizeof(T))) {
     ds.write(data, mem_type);
-    return;
+  } else if (n > 0) {
+    for_slabs(dims, sizeof(T), [&](const H5::DataSpace& mem, const H5::DataSpace& file, size_t off, size_t count) {
+      ds.write(data + off, mem_type, mem, file);
+      payload::release(data + off, count * sizeof(T));
+    });
   }
-  for_slabs(dims, sizeof(T), [&](const H5::DataSpace& mem, const H5::DataSpace& file, size_t off, size_t count) {
-    ds.write(data + off, mem_type, mem, file);
-    payload::release(data + off, count * sizeof(T));
-  });
+  // Closed here, not by the destructor: a close that cannot write its data (a full disk) throws,
+  // where ~DataSet would only print and the file would look written.
+  ds.close();
 }
 
 void write(H5::Group& g, const std::string& n, const std::vector<hsize_t>& d, const double* p) {

@@ -389,9 +389,8 @@ InspectResult run_inspect(const InspectOptions& o, std::FILE* out) {
   for (const auto& f : o.files)
     if (!fs::exists(f)) throw Error(f, "", "no such file");
   if (!o.plots_dir.empty()) {
-    std::error_code ec;
-    fs::create_directories(o.plots_dir, ec);
-    if (ec || !fs::is_directory(o.plots_dir)) throw Error(o.plots_dir, "--plots", "cannot create the directory");
+    make_output_dir(o.plots_dir, "--plots");
+    if (!fs::is_directory(o.plots_dir)) throw Error(o.plots_dir, "--plots", "cannot create the directory");
   }
   auto emit = [&](const std::string& s) {
     if (o.summary && out) std::fputs(s.c_str(), out);

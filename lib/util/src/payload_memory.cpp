@@ -11,6 +11,7 @@
 #include <mutex>
 #include <new>
 
+#include "kvq/util/disk_space.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq::payload {
@@ -35,18 +36,8 @@ size_t page_size() {
 }
 
 void* map_file(const std::string& dir, size_t bytes) {
-  std::string tmpl = dir + "/.kvq-payload-XXXXXX";
-  const int fd = mkstemp(tmpl.data());
-  if (fd < 0) throw Error(dir, "", std::string("cannot create a temporary payload file: ") + std::strerror(errno));
-  unlink(tmpl.c_str());
-  if (ftruncate(fd, off_t(bytes)) != 0) {
-    const int e = errno;
-    close(fd);
-    throw Error(dir, "", "cannot size a temporary payload file to " + std::to_string(bytes) + " bytes: " + std::strerror(e));
-  }
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);  // the mapping keeps the file
-  if (p == MAP_FAILED) throw std::bad_alloc();
+  // Reserved before it is mapped: a full disk is one line naming the directory, not a SIGBUS.
+  void* p = map_reserved_temp_file(dir, ".kvq-payload-", bytes, "", "a calibration payload file");
   // A capture writes a layer's slice of every reservoir row: a few KiB strided through the
   // buffer. Without readahead (MADV_RANDOM) a fault brings in one page; otherwise the page cache
   // builds large folios and each small write makes up to megabytes resident (the whole reservoir

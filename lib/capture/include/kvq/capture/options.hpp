@@ -33,6 +33,9 @@ struct CaptureOptions {
   int64_t max_memory = 0;     // bytes the plan may use; 0: 80 % of the available memory
   int64_t chunk_windows = 0;  // windows per chunk; 0: as many as --max-memory allows
   bool spill = false;         // keep the chunk's hidden states in a temporary file even when they fit
+  // Where the streamed capture's temporary files go (the payload and spill files, unlinked at once);
+  // empty: the directory of --out.
+  std::string tmp_dir;
 };
 
 }  // namespace kvq

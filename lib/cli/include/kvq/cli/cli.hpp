@@ -34,9 +34,16 @@ void add_match(CLI::App& app, std::string& match);
 // Applies -v/-q to spdlog (warnings and errors always reach stderr unless -q).
 void apply_common(const Common& c);
 
-// Runs `body` and maps errors to exit codes: kvq::Error -> one line "tool: error: ..." and 2;
-// other exceptions -> 3. CLI11 parse errors are handled by the caller's CLI11_PARSE.
-int run_main(const std::string& tool, const std::function<int()>& body);
+// Runs `body` and maps errors to exit codes: any exception -> one line "tool: error: ..." and 2
+// (1 is the body's "checked and failed"). CLI11 parse errors are handled by the caller's
+// CLI11_PARSE. Installs the interrupt handlers first (SIGINT/SIGTERM: one line, exit 130/143).
+// After an error the process ends at once (_exit, stdio flushed) unless `exit_on_error` is false:
+// a library that failed mid-write (HDF5 on a full disk) can crash in its exit-time cleanup, and an
+// error exit must never become a signal. calib-capture passes false (MPI ranks finish first) and
+// ends with leave().
+int run_main(const std::string& tool, const std::function<int()>& body, bool exit_on_error = true);
+// Returns rc, or after an error (rc == 2) ends the process at once as run_main does.
+int leave(int rc);
 
 // Parses argv. --help/--version print and give 0; a usage error prints one line naming the tool and
 // gives 2 (the bad-input code of every kvq tool; CLI11's own codes are 100+). Returns -1 to go on.

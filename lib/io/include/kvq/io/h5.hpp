@@ -4,12 +4,28 @@
 #include <H5Cpp.h>
 
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <vector>
 
 #include "kvq/util/payload_memory.hpp"
 
 namespace kvq::h5 {
+
+// While alive, std::cerr goes nowhere: HDF5's C++ objects print "DataSet::~DataSet - H5Dclose
+// failed" there when a destructor's close fails (a full disk). The writers report that failure
+// once, as a kvq::Error (explicit closes throw), so they hold this around their HDF5 objects.
+// kvq itself never writes to std::cerr.
+class MuteCloseErrors {
+ public:
+  MuteCloseErrors();
+  ~MuteCloseErrors();
+  MuteCloseErrors(const MuteCloseErrors&) = delete;
+  MuteCloseErrors& operator=(const MuteCloseErrors&) = delete;
+
+ private:
+  std::streambuf* old_;
+};
 
 void quiet();  // turn off HDF5's automatic error stack printing (once per process)
 

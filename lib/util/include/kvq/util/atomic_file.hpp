@@ -7,8 +7,36 @@ namespace kvq {
 // Writes `path` atomically: the writer fills `<path>.tmp.<pid>`, which is fsync'ed and renamed over
 // `path`. If the writer throws, the temporary is removed and nothing appears at `path`; if SIGINT,
 // SIGTERM or SIGHUP ends the process while it is written (and no other handler is installed for
-// that signal), a handler removes it before the process dies of the signal.
+// that signal), the interrupt handler (install_interrupt_handlers) removes it. Temporaries of the
+// same path left by writers that no longer run (SIGKILL) are removed first.
 void write_atomically(const std::string& path, const std::function<void(const std::string& tmp_path)>& writer);
+
+// SIGINT / SIGTERM / SIGHUP (those not ignored and without another handler): remove the
+// temporaries being written, print "<tool>: interrupted by SIGTERM; <note>" on stderr and exit
+// 128 + the signal (130 / 143 / 129), never a death by the signal. Every tool installs them at
+// start (kvq::cli::run_main); write_atomically installs them too.
+void install_interrupt_handlers();
+// What the interrupt line says after the signal's name (default "stopped, no partial output
+// left"), e.g. how to resume. Thread-safe; the handler reads the last one set.
+void set_interrupt_note(const std::string& note);
+
+// A tool's outputs as one: while a batch is alive, write_atomically keeps each finished (fsync'ed)
+// temporary instead of renaming it; commit() renames them all (signals held meanwhile). A batch
+// destroyed without commit — an error, an exception — removes them and the directories
+// make_output_dir made, and a signal's handler removes them too, so a tool that writes several
+// files (kvq-allocate --out + --manifest, kvq-inspect --json/--csv/--plots, kvq-export) leaves
+// every earlier output as it was and no partial set. One at a time per process.
+class OutputBatch {
+ public:
+  OutputBatch();
+  ~OutputBatch();
+  OutputBatch(const OutputBatch&) = delete;
+  OutputBatch& operator=(const OutputBatch&) = delete;
+  void commit();
+};
+// create_directories(dir) (kvq::Error naming `field` on failure); the directories it creates are
+// recorded in the open OutputBatch, which removes them (when empty) if it does not commit.
+void make_output_dir(const std::string& dir, const std::string& field);
 
 // Convenience for small text/binary payloads.
 void write_file_atomically(const std::string& path, const std::string& bytes);
