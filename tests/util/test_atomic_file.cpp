@@ -85,7 +85,9 @@ TEST(AtomicFile, FatalSignalMidWriteRemovesTheTemporary) {
     int status = 0;
     if (!kvq::test::wait_bounded(pid, &status)) FAIL() << "the writer did not end within 10 s of signal " << sig;
     EXPECT_TRUE(WIFEXITED(status)) << "died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-    if (WIFEXITED(status)) EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
+    if (WIFEXITED(status)) {
+      EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
+    }
     std::string line;
     char buf[512];
     for (ssize_t n; (n = ::read(err[0], buf, sizeof buf)) > 0;) line.append(buf, size_t(n));
