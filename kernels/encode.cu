@@ -1,10 +1,12 @@
 // The GPU encoder's launch (encode_kernels.cuh holds the device code, which the CPU emulation in
 // tests/cuda runs as well).
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "cuda_common.cuh"
 #include "kvq/cuda/encode.hpp"
+#include "kvq/cuda/encode_batch.hpp"
 #include "kvq/cuda/encode_kernels.cuh"
 #include "kvq/format/coding_kinds.hpp"
 
@@ -23,6 +25,27 @@ void encode_async(const DeviceHead& head, const float* x_dev, int n_tokens, uint
   const int n_blocks = n_tokens / tpb + (n_tokens % tpb != 0);
   detail::encode_kernel<<<n_blocks, detail::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       head.impl().d_view.as<detail::DevHead>(), x_dev, n_tokens, out_dev);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+}
+
+static_assert(sizeof(EncodeJob) == sizeof(detail::EncJob) && alignof(EncodeJob) == alignof(detail::EncJob),
+              "EncodeJob is the device's EncJob");
+
+const void* device_view(const DeviceHead& head) { return head.impl().d_view.as<detail::DevHead>(); }
+
+void encode_batch_async(const EncodeJob* jobs_dev, int n_jobs, int n_tokens, void* stream) {
+  const std::string who = "cuda encode batch";
+  if (n_jobs < 0 || n_jobs > 65535)
+    throw Error("", who, "n_jobs must be in 0..65535, got " + std::to_string(n_jobs));
+  if (n_tokens < 0) throw Error("", who, "n_tokens must be >= 0, got " + std::to_string(n_tokens));
+  if (n_jobs == 0 || n_tokens == 0) return;
+  if (!jobs_dev) throw Error("", who, "job table pointer is null");
+  // Enough thread blocks for the job with the most layout blocks (one token per block); jobs with
+  // fewer (KIVI K) leave the rest idle. Capped: the kernel grid-strides.
+  const unsigned bx = static_cast<unsigned>(std::min(n_tokens, 1 << 16));
+  detail::encode_batch_kernel<<<dim3(bx, static_cast<unsigned>(n_jobs)), detail::kThreads, 0,
+                                static_cast<cudaStream_t>(stream)>>>(
+      reinterpret_cast<const detail::EncJob*>(jobs_dev), n_tokens);
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
 

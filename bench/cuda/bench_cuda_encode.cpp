@@ -1,7 +1,9 @@
 // The GPU encoder (kvq/cuda/encode.hpp) on the GPU, timed with CUDA events. Skips without a GPU.
 //  - layer_append: one new token for every (KV head, side) of one layer (8 KV heads, d = 128:
-//    Llama-3.1-8B's shape), the decode step's append; 16 encode_async launches, plain on a stream
-//    ("stream_us") and replayed from a captured CUDA graph ("graph_us"). Goal (issue 24): <= 10 us.
+//    Llama-3.1-8B's shape), the decode step's append: 16 encode_async launches, plain on a stream
+//    ("stream_us") and replayed from a captured CUDA graph ("graph_us"), and one encode_batch_async
+//    launch for all 16 ("batch_us", the manual time; "batch_graph_us" from a graph). Goal (issue
+//    24): <= 10 us.
 //  - bulk_32k: one head, 32,768 tokens (a prompt's prefill); bytes = fp32 in + packed out, against
 //    the device's peak DRAM bandwidth.
 #include <benchmark/benchmark.h>
@@ -15,6 +17,7 @@
 #include "kvq/codec/group_norms.hpp"
 #include "kvq/cuda/cuda.hpp"
 #include "kvq/cuda/encode.hpp"
+#include "kvq/cuda/encode_batch.hpp"
 
 namespace {
 
@@ -160,14 +163,37 @@ void layer_append(benchmark::State& st) {
   step();
   BENCH_CUDA(cudaStreamEndCapture(s, &graph));
   BENCH_CUDA(cudaGraphInstantiate(&exec, graph, 0));
-  double stream_ms = 0, graph_ms = 0;
+  // The same 16 encodes as one batch launch.
+  std::vector<kvq::cuda::EncodeJob> jobs;
+  for (int h = 0; h < kKvHeads; ++h) {
+    jobs.push_back({kvq::cuda::device_view(kdev), dx + size_t(2 * h) * kD, dout + size_t(h) * (kb + vb)});
+    jobs.push_back({kvq::cuda::device_view(vdev), dx + size_t(2 * h + 1) * kD, dout + size_t(h) * (kb + vb) + kb});
+  }
+  kvq::cuda::EncodeJob* djobs = nullptr;
+  BENCH_CUDA(cudaMalloc(&djobs, jobs.size() * sizeof(jobs[0])));
+  BENCH_CUDA(cudaMemcpy(djobs, jobs.data(), jobs.size() * sizeof(jobs[0]), cudaMemcpyHostToDevice));
+  auto batch = [&] { kvq::cuda::encode_batch_async(djobs, int(jobs.size()), 1, s); };
+  cudaGraph_t bgraph;
+  cudaGraphExec_t bexec;
+  BENCH_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  batch();
+  BENCH_CUDA(cudaStreamEndCapture(s, &bgraph));
+  BENCH_CUDA(cudaGraphInstantiate(&bexec, bgraph, 0));
+  double stream_ms = 0, graph_ms = 0, batch_ms = 0, batch_graph_ms = 0;
   for (auto _ : st) {
     stream_ms = time_ms(s, 200, step);
     graph_ms = time_ms(s, 200, [&] { BENCH_CUDA(cudaGraphLaunch(exec, s)); });
-    st.SetIterationTime(graph_ms / 1e3);
+    batch_ms = time_ms(s, 200, batch);
+    batch_graph_ms = time_ms(s, 200, [&] { BENCH_CUDA(cudaGraphLaunch(bexec, s)); });
+    st.SetIterationTime(batch_ms / 1e3);
   }
   st.counters["stream_us"] = stream_ms * 1e3;
   st.counters["graph_us"] = graph_ms * 1e3;
+  st.counters["batch_us"] = batch_ms * 1e3;
+  st.counters["batch_graph_us"] = batch_graph_ms * 1e3;
+  cudaGraphExecDestroy(bexec);
+  cudaGraphDestroy(bgraph);
+  cudaFree(djobs);
   st.SetLabel(std::string(kMixNames[st.range(0)]) + " " + kvq::cuda::device_name());
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);

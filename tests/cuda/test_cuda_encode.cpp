@@ -13,6 +13,7 @@
 #include "kvq/codec/layout.hpp"
 #include "kvq/cuda/cuda.hpp"
 #include "kvq/cuda/encode.hpp"
+#include "kvq/cuda/encode_batch.hpp"
 #include "kvq/util/error.hpp"
 #include "test_util.hpp"
 
@@ -182,6 +183,62 @@ TEST(CudaEncode, CapturedInAGraph) {
   cudaStreamDestroy(st);
   cudaFree(dx);
   cudaFree(dout);
+}
+
+// Every (KV head, side) of a layer in one encode_batch_async launch, captured in a graph and
+// replayed: each job's bytes are its head's CPU bytes.
+TEST(CudaEncode, BatchInOneLaunchInAGraph) {
+  REQUIRE_GPU();
+  const int d = 128;
+  std::vector<HeadCodec> codecs;
+  for (const auto& kv : every_kind(d)) codecs.emplace_back(kv.second, d);
+  std::vector<DeviceHead> devs;
+  for (const HeadCodec& c : codecs) devs.emplace_back(c);
+  const size_t k = codecs.size();
+  for (int n : {1, 40}) {
+    float* dx = nullptr;
+    uint8_t* dout = nullptr;
+    EncodeJob* djobs = nullptr;
+    size_t os = 0;
+    std::vector<size_t> off;
+    for (const HeadCodec& c : codecs) {
+      off.push_back(os);
+      os += c.packed_bytes(n);
+    }
+    CUDA_OK(cudaMalloc(&dx, k * n * d * sizeof(float)));
+    CUDA_OK(cudaMalloc(&dout, os));
+    CUDA_OK(cudaMalloc(&djobs, k * sizeof(EncodeJob)));
+    std::vector<EncodeJob> jobs(k);
+    for (size_t h = 0; h < k; ++h) jobs[h] = {device_view(devs[h]), dx + h * n * d, dout + off[h]};
+    CUDA_OK(cudaMemcpy(djobs, jobs.data(), k * sizeof(EncodeJob), cudaMemcpyHostToDevice));
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreate(&st));
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    encode_batch_async(djobs, static_cast<int>(k), n, st);
+    CUDA_OK(cudaStreamEndCapture(st, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    const std::vector<float> x = rows(static_cast<int>(k) * n, d, 77 + static_cast<uint64_t>(n));
+    CUDA_OK(cudaMemcpy(dx, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_OK(cudaGraphLaunch(exec, st));
+    CUDA_OK(cudaStreamSynchronize(st));
+    std::vector<uint8_t> gpu(os);
+    CUDA_OK(cudaMemcpy(gpu.data(), dout, os, cudaMemcpyDeviceToHost));
+    for (size_t h = 0; h < k; ++h) {
+      const std::vector<uint8_t> cpu = codecs[h].encode(x.data() + h * n * d, n);
+      EXPECT_TRUE(std::equal(cpu.begin(), cpu.end(), gpu.begin() + static_cast<std::ptrdiff_t>(off[h])))
+          << codec::decision_name(codecs[h].decision()) << " n=" << n;
+    }
+    EXPECT_THROW(encode_batch_async(nullptr, 2, 1, st), Error);
+    EXPECT_THROW(encode_batch_async(djobs, -1, 1, st), Error);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+    cudaFree(dx);
+    cudaFree(dout);
+    cudaFree(djobs);
+  }
 }
 
 // The GPU decoder on the GPU's codes = the CPU decoder on the CPU's (the codes are the same bytes;

@@ -258,6 +258,39 @@ TEST(EncodeEmulation, DeviceDecodeOfGpuCodes) {
   }
 }
 
+// Many heads in one launch (encode_batch_kernel, kvq/cuda/encode_batch.hpp): every job's bytes are
+// its head's CPU bytes, whatever the kinds mixed in the batch (KIVI K has fewer layout blocks than
+// the others: its extra thread blocks stay idle).
+TEST(EncodeEmulation, BatchOfMixedKindsInOneLaunch) {
+  const int d = 64;
+  for (int n : {1, 9}) {
+    HeadDecision nv;
+    nv.kind = CodingKind::kMinifloat;
+    nv.minifloat = MinifloatFormat::kNvfp4;
+    nv.scale = 0.004f;
+    const std::vector<HeadDecision> decs = {t::tq_uniform(d, 3), t::compact_norms(t::tq_blocks(d, {2, 3, 4}), d, 6),
+                                            t::with_mean(t::lrh(d, 16, 4)), t::kivi(Side::kK, 2, 4),
+                                            t::kivi(Side::kV, 2, 32), nv};
+    std::deque<HeadCodec> codecs;
+    HostTables tables;
+    std::vector<DevHead> heads;
+    std::vector<std::vector<float>> xs;
+    std::vector<std::vector<uint8_t>> outs;
+    for (size_t i = 0; i < decs.size(); ++i) {
+      codecs.emplace_back(decs[i], d);
+      heads.push_back(tables.head(codecs.back()));
+      xs.push_back(awkward_rows(n, d, 40 + i));
+      outs.emplace_back(codecs.back().packed_bytes(n), 0xA5);
+    }
+    std::vector<EncJob> jobs;
+    for (size_t i = 0; i < decs.size(); ++i) jobs.push_back({&heads[i], xs[i].data(), outs[i].data()});
+    kvq_emu::launch({3, static_cast<unsigned>(jobs.size()), 1}, kThreads, 0, [&] { encode_batch_kernel(jobs.data(), n); });
+    for (size_t i = 0; i < decs.size(); ++i)
+      expect_same_bytes(codecs[i], codecs[i].encode(xs[i].data(), n), outs[i],
+                        "batch job " + std::to_string(i) + " " + decision_name(decs[i]) + " n=" + std::to_string(n));
+  }
+}
+
 // Negative control: the comparison sees a one-code difference (a flipped threshold tie), so the
 // equalities above are not vacuous.
 TEST(EncodeEmulation, NegativeControlDetectsOneCode) {

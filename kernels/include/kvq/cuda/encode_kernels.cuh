@@ -334,12 +334,12 @@ __device__ inline void mf_encode_token(const DevHead& h, const float* xt, uint8_
   write_uniform_block(L, s, (uint32_t)d, L.bits, blk);
 }
 
-// ---- the kernel -------------------------------------------------------------------------------
+// ---- the kernels ------------------------------------------------------------------------------
 
 // x: [n_tokens][d]; out: packed_bytes(n_tokens) bytes, every byte written (records, codes,
-// padding, the tail of a partial KIVI K block). One thread block per layout block, grid-stride.
-__global__ void __launch_bounds__(kThreads)
-encode_kernel(const DevHead* gh, const float* x, int n_tokens, uint8_t* out) {
+// padding, the tail of a partial KIVI K block). This thread block takes layout blocks blockIdx.x,
+// + gridDim.x, ... Cooperative (all threads of the block, same arguments).
+__device__ inline void encode_blocks(const DevHead* gh, const float* x, int n_tokens, uint8_t* out) {
   __shared__ DevHead h;
   __shared__ EncShared s;
   load_head(gh, &h);
@@ -360,6 +360,26 @@ encode_kernel(const DevHead* gh, const float* x, int n_tokens, uint8_t* out) {
     }
     __syncthreads();  // shared state is reused by the next block
   }
+}
+
+// One head: one thread block per layout block (grid-stride).
+__global__ void __launch_bounds__(kThreads)
+encode_kernel(const DevHead* gh, const float* x, int n_tokens, uint8_t* out) {
+  encode_blocks(gh, x, n_tokens, out);
+}
+
+// Many heads in one launch (kvq/cuda/encode_batch.hpp: the same layout as kvq::cuda::EncodeJob):
+// job blockIdx.y, its layout blocks over blockIdx.x.
+struct EncJob {
+  const DevHead* head;
+  const float* x;
+  uint8_t* out;
+};
+
+__global__ void __launch_bounds__(kThreads)
+encode_batch_kernel(const EncJob* jobs, int n_tokens) {
+  const EncJob j = jobs[blockIdx.y];
+  encode_blocks(j.head, j.x, n_tokens, j.out);
 }
 
 }  // namespace kvq::cuda::detail
