@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <string>
 
 #include "kvq/codec/codec.hpp"
@@ -68,6 +69,23 @@ std::vector<float> rows(int n, int d, uint64_t seed) {
   return x;
 }
 
+// On a mismatch the inputs and both encodings go to cuda_failure_encode_<name>.txt (CONVENTIONS 9).
+std::string dump(const std::string& name, const HeadCodec& c, int n, const float* x, const std::vector<uint8_t>& cpu,
+                 const std::vector<uint8_t>& gpu) {
+  const std::string path = "cuda_failure_encode_" + name + ".txt";
+  std::ofstream f(path);
+  f << codec::decision_name(c.decision()) << " kind=" << static_cast<int>(c.decision().kind) << " d=" << c.head_dim()
+    << " T=" << n << " block_bytes=" << c.layout().block_bytes << "\nx:";
+  f.precision(9);
+  for (size_t i = 0; i < static_cast<size_t>(n) * c.head_dim(); ++i) f << " " << x[i];
+  f << "\ncpu:" << std::hex;
+  for (uint8_t b : cpu) f << " " << static_cast<int>(b);
+  f << "\ngpu:";
+  for (uint8_t b : gpu) f << " " << static_cast<int>(b);
+  f << "\n";
+  return path;
+}
+
 size_t first_diff(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
   for (size_t i = 0; i < std::min(a.size(), b.size()); ++i)
     if (a[i] != b[i]) return i;
@@ -86,8 +104,10 @@ TEST(CudaEncode, BytesEqualCpuEveryKindAndShape) {
         std::vector<uint8_t> gpu(cpu.size(), 0xA5);
         dev.encode(x.data(), n, gpu.data());
         const size_t at = first_diff(cpu, gpu);
-        EXPECT_EQ(at, SIZE_MAX) << name << " d=" << d << " n=" << n << ": first differing byte " << at
-                                << " (block " << at / c.layout().block_bytes << ")";
+        if (at != SIZE_MAX)
+          ADD_FAILURE() << name << " d=" << d << " n=" << n << ": first differing byte " << at << " (block "
+                        << at / c.layout().block_bytes << "), inputs in "
+                        << dump(name + "_d" + std::to_string(d), c, n, x.data(), cpu, gpu);
       }
 }
 
@@ -127,7 +147,8 @@ TEST(CudaEncode, RaggedLengthsOnAStream) {
       const std::vector<uint8_t> cpu = c.encode(x.data() + xo, n);
       const std::vector<uint8_t> g(gpu.begin() + static_cast<std::ptrdiff_t>(oo),
                                    gpu.begin() + static_cast<std::ptrdiff_t>(oo + cpu.size()));
-      EXPECT_EQ(first_diff(cpu, g), SIZE_MAX) << name << " n=" << n;
+      if (first_diff(cpu, g) != SIZE_MAX)
+        ADD_FAILURE() << name << " n=" << n << ": inputs in " << dump(name + "_ragged", c, n, x.data() + xo, cpu, g);
       xo += static_cast<size_t>(n) * d;
       oo += cpu.size();
     }

@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <deque>
+#include <fstream>
 #include <string>
 
 #include "kvq/codec/codec.hpp"
@@ -47,15 +48,27 @@ std::vector<uint8_t> emu_encode(const DevHead& h, const HeadCodec& c, const std:
   return out;
 }
 
-// Bytes equal; on a mismatch, names the first differing byte and its token.
+// Bytes equal; on a mismatch, names the first differing byte and its block, and (when x is given)
+// writes the inputs and both encodings to emu_failure_encode.txt (CONVENTIONS 9).
 void expect_same_bytes(const HeadCodec& c, const std::vector<uint8_t>& cpu, const std::vector<uint8_t>& emu,
-                       const std::string& what) {
+                       const std::string& what, const std::vector<float>* x = nullptr) {
   ASSERT_EQ(cpu.size(), emu.size()) << what;
   for (size_t i = 0; i < cpu.size(); ++i)
     if (cpu[i] != emu[i]) {
       const size_t bb = c.layout().block_bytes;
       ADD_FAILURE() << what << ": byte " << i << " (block " << i / bb << ", offset " << i % bb << ") cpu "
                     << int(cpu[i]) << " gpu-emulated " << int(emu[i]);
+      if (x) {
+        std::ofstream f("emu_failure_encode.txt", std::ios::app);
+        f.precision(9);
+        f << what << " " << decision_name(c.decision()) << " d=" << c.head_dim() << "\nx:";
+        for (float v : *x) f << " " << v;
+        f << "\ncpu:" << std::hex;
+        for (uint8_t b : cpu) f << " " << int(b);
+        f << "\ngpu-emulated:";
+        for (uint8_t b : emu) f << " " << int(b);
+        f << std::dec << "\n";
+      }
       return;
     }
 }
@@ -90,7 +103,7 @@ void check_kind(const HeadDecision& dec, int d, int n, const std::string& name, 
   const std::vector<float> x = awkward_rows(n, d, seed + static_cast<uint64_t>(d));
   const std::vector<uint8_t> cpu = c.encode(x.data(), n);
   const std::vector<uint8_t> emu = emu_encode(h, c, x, n);
-  expect_same_bytes(c, cpu, emu, name);
+  expect_same_bytes(c, cpu, emu, name, &x);
 }
 
 TEST(EncodeEmulation, TqUniformEveryWidthAndDim) {
