@@ -233,6 +233,23 @@ TEST(EncodeEmulation, IndependentOfLaunchShape) {
   }
 }
 
+// Ragged lengths up to 1,500 tokens (32 threads per block to keep the emulation quick: the launch
+// shape does not change the bytes, IndependentOfLaunchShape).
+TEST(EncodeEmulation, RaggedLengths) {
+  const int d = 64;
+  for (const HeadDecision& dec : {t::compact_norms(t::tq_blocks(d, {1, 3, 4, 6}), d, 7), t::with_mean(t::lrh(d, 24, 5)),
+                                  t::kivi(Side::kK, 3, 32)}) {
+    const HeadCodec c(dec, d);
+    HostTables tables;
+    const DevHead h = tables.head(c);
+    for (int n : {1, 2, 31, 33, 1500}) {
+      const std::vector<float> x = awkward_rows(n, d, 300 + static_cast<uint64_t>(n));
+      expect_same_bytes(c, c.encode(x.data(), n), emu_encode(h, c, x, n, 3, 32),
+                        decision_name(dec) + " n=" + std::to_string(n), &x);
+    }
+  }
+}
+
 // The device decoder reads the emulated GPU codes as the CPU decoder reads the CPU's: codes
 // exactly, values to the tolerances of test_kernel_emulation.cpp.
 TEST(EncodeEmulation, DeviceDecodeOfGpuCodes) {
