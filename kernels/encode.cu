@@ -21,8 +21,7 @@ void encode_async(const DeviceHead& head, const float* x_dev, int n_tokens, uint
   if (n_tokens == 0) return;
   if (!x_dev) throw Error("", who, "input pointer is null");
   if (!out_dev) throw Error("", who, "output pointer is null");
-  const int tpb = static_cast<int>(c.layout().tokens_per_block);
-  const int n_blocks = n_tokens / tpb + (n_tokens % tpb != 0);
+  const int n_blocks = detail::encode_units(c.layout(), n_tokens);
   detail::encode_kernel<<<n_blocks, detail::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       head.impl().d_view.as<detail::DevHead>(), x_dev, n_tokens, out_dev);
   KVQ_CUDA_CHECK(cudaGetLastError());
@@ -40,8 +39,9 @@ void encode_batch_async(const EncodeJob* jobs_dev, int n_jobs, int n_tokens, voi
   if (n_tokens < 0) throw Error("", who, "n_tokens must be >= 0, got " + std::to_string(n_tokens));
   if (n_jobs == 0 || n_tokens == 0) return;
   if (!jobs_dev) throw Error("", who, "job table pointer is null");
-  // Enough thread blocks for the job with the most layout blocks (one token per block); jobs with
-  // fewer (KIVI K) leave the rest idle. Capped: the kernel grid-strides.
+  // Enough thread blocks for the job with the most units of work (minifloat and KIVI V: one token
+  // each); jobs with fewer (TQ and low-rank tiles, KIVI K blocks) leave the rest idle. Capped: the
+  // kernel grid-strides.
   const unsigned bx = static_cast<unsigned>(std::min(n_tokens, 1 << 16));
   detail::encode_batch_kernel<<<dim3(bx, static_cast<unsigned>(n_jobs)), detail::kThreads, 0,
                                 static_cast<cudaStream_t>(stream)>>>(
