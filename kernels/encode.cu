@@ -16,11 +16,12 @@ static_assert(detail::kEncMaxDim == kMaxHeadDim, "the encoder's shared tiles are
 
 void encode_async(const DeviceHead& head, const float* x_dev, int n_tokens, uint8_t* out_dev, void* stream) {
   const codec::HeadCodec& c = head.codec();
-  const std::string who = "cuda encode " + decision_name(c.decision());
-  if (n_tokens < 0) throw Error("", who, "n_tokens must be >= 0, got " + std::to_string(n_tokens));
+  // Named only on an error: this is on the decode step's path.
+  auto who = [&c] { return "cuda encode " + decision_name(c.decision()); };
+  if (n_tokens < 0) throw Error("", who(), "n_tokens must be >= 0, got " + std::to_string(n_tokens));
   if (n_tokens == 0) return;
-  if (!x_dev) throw Error("", who, "input pointer is null");
-  if (!out_dev) throw Error("", who, "output pointer is null");
+  if (!x_dev) throw Error("", who(), "input pointer is null");
+  if (!out_dev) throw Error("", who(), "output pointer is null");
   const int n_blocks = detail::encode_units(c.layout(), n_tokens);
   detail::encode_kernel<<<n_blocks, detail::kThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       head.impl().d_view.as<detail::DevHead>(), x_dev, n_tokens, out_dev);
@@ -33,7 +34,7 @@ static_assert(sizeof(EncodeJob) == sizeof(detail::EncJob) && alignof(EncodeJob) 
 const void* device_view(const DeviceHead& head) { return head.impl().d_view.as<detail::DevHead>(); }
 
 void encode_batch_async(const EncodeJob* jobs_dev, int n_jobs, int n_tokens, void* stream) {
-  const std::string who = "cuda encode batch";
+  const char* who = "cuda encode batch";
   if (n_jobs < 0 || n_jobs > 65535)
     throw Error("", who, "n_jobs must be in 0..65535, got " + std::to_string(n_jobs));
   if (n_tokens < 0) throw Error("", who, "n_tokens must be >= 0, got " + std::to_string(n_tokens));
