@@ -9,8 +9,10 @@ int main(int argc, char** argv) {
   CLI::App app{
       "kvq-verify: code the calibration file's held-out windows with an allocation and with a baseline at the\n"
       "same nominal budget (--match effective: at least the allocation's effective bits), decode with the CPU\n"
-      "reference decoder (and CUDA when a GPU is present), and report per layer:\n"
+      "reference decoder, and report per layer:\n"
       "RoPE-logit MAE over causal pairs, softmax KL, top-10 overlap, K/V NMSE, bpd.\n"
+      "With a GPU, every (layer, KV head, side) also goes through the GPU encoder and decoder and each\n"
+      "(layer, window) through the fused decode attention, against the CPU (a disagreement fails a gate).\n"
       "Exit codes: 0 all gates pass, 1 a gate failed (named on stderr), 2 bad input."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
@@ -23,7 +25,7 @@ int main(int argc, char** argv) {
   app.add_option("--baseline-k-bpd", o.baseline_k_bpd, "baseline K bits (default: the allocation's nominal)");
   app.add_option("--baseline-v-bpd", o.baseline_v_bpd, "baseline V bits (default: the allocation's nominal)");
   kvq::cli::add_match(app, o.match);
-  app.add_flag("!--no-cuda", o.cuda, "skip the CUDA decoder check even when a GPU is present");
+  app.add_flag("!--no-cuda", o.cuda, "skip the GPU path check (GPU encoder, decoder and fused attention vs the CPU) even when a GPU is present");
   app.add_option("--json", json_out, "write the full report as JSON");
   auto* g = app.add_option_group("Gates (CI)", "exit 1 when a measured figure is past its limit");
   g->add_option("--max-logit-mae", o.max_logit_mae, "overall RoPE-logit MAE at most");

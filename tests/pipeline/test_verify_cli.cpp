@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "kvq/io/alloc_file.hpp"
 #include "pipeline_fixture.hpp"
 #include "run_cmd.hpp"
 #include "shared_data.hpp"
@@ -120,4 +121,39 @@ TEST(VerifyCli, RefusesAnAllocationOfAnotherModel) {
   EXPECT_NE(r.err.find("model_config_sha256"), std::string::npos) << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   EXPECT_FALSE(fs::exists(out));
+}
+
+// The GPU path (issue 24): without a GPU the report says so (text and JSON) and nothing is counted;
+// with one, every (layer, KV head, side) of a Block-GTQ allocation (post-RoPE K, compact group
+// norms), a KV-COBRA one (low rank) and a layer-precision one (FP8 / NVFP4) went through the GPU
+// encoder with codes equal to the CPU's, decoded and attended within the stated tolerances.
+TEST(VerifyCli, GpuPathReported) {
+  std::string cal = demo_cal("verify");
+  if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
+  for (const std::string args :
+       {"--method block-gtq --bpd 3 --group-norms compact", "--method cobra-mse --bpd 3", "--method layer-precision --bpd 6"}) {
+    int st;
+    std::string err;
+    json j = verify(cal, args, "", &st, &err);
+    ASSERT_EQ(st, 0) << args << ": " << err;
+    const json& g = j["gpu"];
+    const auto a = kvq::read_alloc(temp_path("v.kvqalloc.h5"));
+    const bool gpu = g["ran"].get<bool>();
+    if (!gpu) {
+      EXPECT_NE(j["cuda"].get<std::string>().find("no GPU"), std::string::npos) << j["cuda"];
+      EXPECT_EQ(g["tokens"], 0);
+      EXPECT_EQ(g["attention_problems"], 0);
+      EXPECT_TRUE(g["passed"].get<bool>());
+      continue;
+    }
+    const int64_t per_side = int64_t(a.heads.size() / 2) * 2;  // (layer, KV head) x holdout windows (2)
+    EXPECT_EQ(g["k_head_windows"], per_side) << args;
+    EXPECT_EQ(g["v_head_windows"], per_side) << args;
+    EXPECT_EQ(g["code_mismatches"], 0) << args;
+    EXPECT_EQ(g["byte_mismatches"], 0) << args;
+    EXPECT_LE(double(g["max_scaled_diff"]), double(g["decode_tolerance"])) << args;
+    EXPECT_EQ(g["attention_problems"], int64_t(j["n_layers"]) * 2) << args;
+    EXPECT_LE(double(g["attention_max_scaled_diff"]), double(g["attention_tolerance"])) << args;
+    EXPECT_TRUE(g["passed"].get<bool>()) << j["cuda"];
+  }
 }

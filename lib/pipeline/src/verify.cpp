@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <deque>
 #include <numeric>
 #include <sstream>
 
@@ -17,9 +18,7 @@
 #include "kvq/io/h5_paths.hpp"
 #include "kvq/util/error.hpp"
 #include "reservoir.hpp"
-#if KVQ_HAVE_CUDA
-#include "kvq/cuda/cuda.hpp"
-#endif
+#include "verify_gpu.hpp"
 
 namespace kvq {
 namespace {
@@ -96,8 +95,10 @@ Coded code_window(const codec::HeadCodec& kc, const codec::HeadCodec& vc, const 
   return c;
 }
 
+// gpu (the allocation's pass only): every (layer, KV head, side, window) also through the GPU
+// encoder and decoder, and per (layer, window) the GPU's fused decode attention (verify_gpu.hpp).
 CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads, const std::string& name,
-                     std::string* cuda_note) {
+                     pipeline_detail::GpuVerifier* gpu) {
   const auto sh = c.shape();
   const int L = sh.n_layers, H = sh.n_kv_heads, NH = sh.n_heads, d = sh.head_dim, gs = sh.group_size();
   const int M = c.holdout.windows, T = c.prov.seq_len;
@@ -105,43 +106,41 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
   const float inv_sqrt_d = 1.0f / std::sqrt(float(d));
   CodedReport rep;
   rep.name = name;
-  double cuda_max_diff = 0;
-  int64_t cuda_code_mismatch = 0, cuda_heads = 0;
+  const bool on_gpu = gpu && gpu->on();
+  std::vector<int32_t> pos32(c.holdout.positions.begin(), c.holdout.positions.end());
   std::vector<double> p(static_cast<size_t>(T)), pt(static_cast<size_t>(T));
   std::vector<int> ia, ib;
   for (int l = 0; l < L; ++l) {
     const int W = c.prov.window_of(l);
     Accum acc;
+    // The GPU path's caches of this layer: codecs per KV head, the GPU's bytes per [window][head].
+    std::deque<codec::HeadCodec> gpu_kc, gpu_vc;
+    std::vector<std::vector<std::vector<uint8_t>>> gpu_k(on_gpu ? size_t(M) : 0, std::vector<std::vector<uint8_t>>(size_t(H))),
+        gpu_v = gpu_k;
     for (int h = 0; h < H; ++h) {
       const HeadDecision *kd = nullptr, *vd = nullptr;
       for (const auto& x : heads)
         if (x.layer == l && x.kv_head == h) (x.side == Side::kK ? kd : vd) = &x;
       KVQ_ASSERT(kd && vd);
       codec::HeadCodec kc(*kd, d), vc(*vd, d);
+      if (on_gpu) {
+        gpu_kc.push_back(kc);
+        gpu_vc.push_back(vc);
+      }
       for (int m = 0; m < M; ++m) {
         const size_t base_kv = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(H) * size_t(d) + size_t(h) * d;
         std::vector<float> k_true, v_true;
         Coded cd = code_window(kc, vc, c.holdout.k.data() + base_kv, c.holdout.v.data() + base_kv, size_t(H) * d, T,
                                d, rope, c.holdout.positions.data(), k_true, v_true);
-#if KVQ_HAVE_CUDA
-        if (cuda_note && kvq_cuda_available() && !kd->post_rope) {
-          // The GPU decoder must reproduce the CPU reference: codes exactly, values within 1e-4.
-          std::vector<float> kpre(size_t(T) * d);
-          for (int t = 0; t < T; ++t)
-            std::copy_n(c.holdout.k.data() + base_kv + size_t(t) * H * d, d, kpre.data() + size_t(t) * d);
-          auto packed = kc.encode(kpre.data(), T);
-          std::vector<float> cpu(kpre.size()), gpu(kpre.size());
-          kc.decode(packed.data(), T, cpu.data());
-          cuda::DeviceHead dev(kc);
-          dev.decode(packed.data(), T, gpu.data());
-          std::vector<uint8_t> cc(size_t(T) * kc.code_dim()), gc(cc.size());
-          kc.unpack_codes(packed.data(), T, cc.data());
-          dev.unpack_codes(packed.data(), T, gc.data());
-          for (size_t i = 0; i < cc.size(); ++i) cuda_code_mismatch += cc[i] != gc[i];
-          for (size_t i = 0; i < cpu.size(); ++i) cuda_max_diff = std::max(cuda_max_diff, double(std::fabs(cpu[i] - gpu[i])));
-          ++cuda_heads;
+        if (on_gpu) {
+          // The rows each side is coded from: K post-RoPE when the decision says so, else pre-RoPE.
+          std::vector<float> k_in(k_true);
+          if (!kd->post_rope)
+            for (int t = 0; t < T; ++t)
+              std::copy_n(c.holdout.k.data() + base_kv + size_t(t) * H * d, d, k_in.data() + size_t(t) * d);
+          gpu->check_side(kc, k_in.data(), T, gpu_k[size_t(m)][size_t(h)]);
+          gpu->check_side(vc, v_true.data(), T, gpu_v[size_t(m)][size_t(h)]);
         }
-#endif
         for (size_t i = 0; i < k_true.size(); ++i) {
           acc.ek += double(k_true[i] - cd.k_post[i]) * double(k_true[i] - cd.k_post[i]);
           acc.nk += double(k_true[i]) * k_true[i];
@@ -182,6 +181,29 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
         }
       }
     }
+    if (on_gpu)  // the fused decode attention: each window's last query over its GPU-coded cache
+      for (int m = 0; m < M; ++m) {
+        std::vector<float> q(size_t(NH) * d);
+        const size_t base_q = ((size_t(l) * M + size_t(m)) * size_t(T) + size_t(T - 1)) * size_t(NH) * d;
+        std::copy_n(c.holdout.q.data() + base_q, q.size(), q.data());
+        for (int g = 0; g < NH; ++g) codec::reference_apply_rope(q.data() + size_t(g) * d, d, c.holdout.positions[size_t(T - 1)], rope);
+        codec::AttentionProblem p;
+        p.n_q_heads = NH;
+        p.n_kv_heads = H;
+        p.head_dim = d;
+        p.n_tokens = T;
+        p.q = q.data();
+        for (int h = 0; h < H; ++h) {
+          p.k_codecs.push_back(&gpu_kc[size_t(h)]);
+          p.v_codecs.push_back(&gpu_vc[size_t(h)]);
+          p.k_packed.push_back(gpu_k[size_t(m)][size_t(h)].data());
+          p.v_packed.push_back(gpu_v[size_t(m)][size_t(h)].data());
+        }
+        p.positions = pos32.data();
+        p.rope = rope;
+        p.window = W;
+        gpu->attention(p);
+      }
     rep.layers.push_back(acc.finish());
   }
   for (const auto& m : rep.layers) {
@@ -191,16 +213,6 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
     rep.overall.nmse_k += m.nmse_k / L;
     rep.overall.nmse_v += m.nmse_v / L;
     rep.overall.out_rel_err += m.out_rel_err / L;
-  }
-  if (cuda_note) {
-    char buf[200];
-    if (cuda_heads == 0)
-      *cuda_note = "not available (no GPU): CPU reference decoder only";
-    else {
-      std::snprintf(buf, sizeof buf, "checked %lld head-windows: %lld code mismatches, max |cpu - gpu| = %.3g",
-                    (long long)cuda_heads, (long long)cuda_code_mismatch, cuda_max_diff);
-      *cuda_note = buf;
-    }
   }
   return rep;
 }
@@ -228,8 +240,40 @@ nlohmann::json coded_json(const CodedReport& r) {
 
 nlohmann::json VerifyReport::to_json() const {
   return {{"allocation", coded_json(alloc)}, {"baseline", coded_json(baseline)}, {"layer_wins", layer_wins},
-          {"n_layers", n_layers},           {"match", match},                   {"cuda", cuda},                     {"failed_gates", failed_gates},
+          {"n_layers", n_layers},           {"match", match},                   {"cuda", cuda}, {"gpu", gpu.to_json()},                     {"failed_gates", failed_gates},
           {"passed", failed_gates.empty()}};
+}
+
+nlohmann::json GpuCheck::to_json() const {
+  return {{"ran", ran},
+          {"device", device},
+          {"k_head_windows", k_head_windows},
+          {"v_head_windows", v_head_windows},
+          {"tokens", tokens},
+          {"byte_mismatches", byte_mismatches},
+          {"code_mismatches", code_mismatches},
+          {"max_abs_diff", max_abs_diff},
+          {"max_scaled_diff", max_scaled_diff},
+          {"decode_tolerance", kDecodeTolerance},
+          {"attention_problems", attention_problems},
+          {"attention_max_abs_diff", attention_max_abs_diff},
+          {"attention_max_scaled_diff", attention_max_scaled_diff},
+          {"attention_tolerance", kAttentionTolerance},
+          {"passed", passed()}};
+}
+
+std::string GpuCheck::summary() const {
+  if (!ran) return "not available (no GPU): CPU reference encoder and decoder only";
+  char buf[640];
+  std::snprintf(buf, sizeof buf,
+                "%s: GPU encoder + decoder on %lld K and %lld V head-windows (%lld tokens): %lld code / %lld byte "
+                "mismatches, max |cpu - gpu| decoded %.3g (%.3g of (1 + |x|), tolerance %.0e); fused attention on "
+                "%lld (layer, window) queries: max |cpu - gpu| %.3g (%.3g of (1 + max|out|), tolerance %.0e) -> %s",
+                device.c_str(), (long long)k_head_windows, (long long)v_head_windows, (long long)tokens,
+                (long long)code_mismatches, (long long)byte_mismatches, max_abs_diff, max_scaled_diff,
+                kDecodeTolerance, (long long)attention_problems, attention_max_abs_diff, attention_max_scaled_diff,
+                kAttentionTolerance, passed() ? "agree" : "DISAGREE");
+  return buf;
 }
 
 int match_effective_bits(const std::string& kind, int n_layers, int n_kv_heads, int head_dim, Side side,
@@ -259,7 +303,10 @@ VerifyReport run_verify(const VerifyOptions& o) {
     kb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, d, Side::kK, alloc_k_eff, nc);
     vb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, d, Side::kV, alloc_v_eff, nc);
   }
-  r.alloc = evaluate(c, a.heads, a.method + (a.v_method != a.method ? "/" + a.v_method : ""), o.cuda ? &r.cuda : nullptr);
+  pipeline_detail::GpuVerifier gpu(o.cuda);
+  r.alloc = evaluate(c, a.heads, a.method + (a.v_method != a.method ? "/" + a.v_method : ""), &gpu);
+  r.gpu = gpu.finish();
+  r.cuda = r.gpu.summary();
   r.alloc.k_bpd_nominal = a.k_bpd_nominal;
   r.alloc.v_bpd_nominal = a.v_bpd_nominal;
   r.alloc.k_bpd_effective = alloc_k_eff;
@@ -300,6 +347,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
   gate(o.max_nmse_k >= 0 && ov.nmse_k > o.max_nmse_k, "--max-nmse-k", ov.nmse_k, o.max_nmse_k);
   gate(o.max_nmse_v >= 0 && ov.nmse_v > o.max_nmse_v, "--max-nmse-v", ov.nmse_v, o.max_nmse_v);
   gate(o.min_layer_wins >= 0 && r.layer_wins < o.min_layer_wins, "--min-layer-wins", r.layer_wins, o.min_layer_wins);
+  if (!r.gpu.passed()) r.failed_gates.push_back("gpu: " + r.cuda);  // the GPU path must reproduce the CPU's
   return r;
 }
 
@@ -336,7 +384,7 @@ std::string format_report(const VerifyReport& r) {
     row(std::to_string(l), a, b, a.logit_mae < b.logit_mae ? "yes" : "no");
   }
   row("all", r.alloc.overall, r.baseline.overall, "");
-  std::snprintf(buf, sizeof buf, "layer wins (logit MAE): %d/%d\nCUDA decoder: %s\n", r.layer_wins, r.n_layers,
+  std::snprintf(buf, sizeof buf, "layer wins (logit MAE): %d/%d\nGPU path: %s\n", r.layer_wins, r.n_layers,
                 r.cuda.c_str());
   s << buf;
   return s.str();

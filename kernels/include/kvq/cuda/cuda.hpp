@@ -36,6 +36,10 @@ class DeviceHead {
   void decode(const uint8_t* packed, int n_tokens, float* out) const;          // [T][d]
   void decode_latent(const uint8_t* packed, int n_tokens, float* latent) const;  // [T][code_dim]
   void unpack_codes(const uint8_t* packed, int n_tokens, uint8_t* codes) const;  // [T][code_dim]
+  // The GPU encoder on host buffers: x [T][d] -> codec().packed_bytes(T) bytes, the same bytes as
+  // codec().encode (a non-finite input is rejected the same way). Device buffers, streams and
+  // graphs: encode_async in kvq/cuda/encode.hpp (kernels/encode.cu).
+  void encode(const float* x, int n_tokens, uint8_t* out) const;
 
   struct Impl;
   const Impl& impl() const { return *impl_; }

@@ -34,6 +34,12 @@ struct DevHead {
   uint32_t norm_correction;                 // TQ: 1 = latent rho~ / ||c|| * c (HeadDecision)
   const float* norm_levels;                 // TQ compact group norms (L.ratio_bits > 0): levels
   const float* ratios;                      // TQ compact group norms: [2^k][n_groups]
+  // The encoder's tables (encode_kernels.cuh), laid out for coalesced reads across threads.
+  const float* rot_t;                       // TQ: Pi_g^T (m x m, row-major) at rot_off[g]
+  const float* thresholds;                  // TQ: group g's 2^bits - 1 thresholds at cb_off[g]
+  const float* folded_t;                    // low-rank: M^T, [d][r]
+  float mf_scale;                           // minifloat: FP8 per-head scale / NVFP4 global scale
+  uint32_t reserved_;                       // keeps the struct a whole number of 8-byte words
 };
 
 // Copies a DevHead from global memory into shared memory (word by word), then synchronises.

@@ -7,7 +7,7 @@
 //
 // Two domains per token:
 //   latent  what the codes mean before the linear back-transform (code_dim values): TQ rho~*c in
-//           rotated coordinates (rho~/||c|| * c per group with norm correction), low-rank the dequantized z, KIVI the decoded x itself;
+//           rotated coordinates (rho~/||c|| * c per group with norm correction), low-rank the dequantized z, KIVI and minifloat the decoded x itself;
 //   x       the head vector: TQ x[dims] = Pi^T latent_g per group; low-rank x = mu + M^T z
 //           (M = H P D U_r^T, the Hadamard folded into the basis by the CPU codec); KIVI x = latent.
 // The attention kernel scores keys and accumulates values in the latent domain (q is moved into
@@ -21,6 +21,7 @@
 #include "kvq/cuda/dev_head.cuh"
 #include "kvq/cuda/kind_kivi.cuh"
 #include "kvq/cuda/kind_lowrank_hadamard.cuh"
+#include "kvq/cuda/kind_minifloat.cuh"
 #include "kvq/cuda/kind_tq_groups.cuh"
 #include "kvq/format/packed_layout.hpp"
 
@@ -35,6 +36,7 @@ __device__ inline float latent_value(const DevHead& h, const uint8_t* base, uint
   const uint32_t tb = layout::token_code_bit_offset(L, tok);
   if (L.kind == layout::kKindTqGroups) return tq_latent_value(h, blk, tb, k);
   if (L.kind == layout::kKindLowRankHadamard) return lrh_latent_value(h, blk, tb, k);
+  if (L.kind == layout::kKindMinifloat) return mf_latent_value(h, blk, tb, k);
   return kivi_latent_value(h, blk, tb, k);
 }
 

@@ -5,6 +5,8 @@
 // host code.
 #include <stdint.h>
 
+#include <vector>
+
 #include "kvq/codec/codec.hpp"
 #include "kvq/cuda/dev_head.cuh"
 
@@ -58,6 +60,12 @@ __device__ inline void lrh_query_to_latent(const DevHead& h, const float* q, flo
 template <class Upload>
 void lrh_dev_tables(const codec::HeadCodec& c, DevHead& v, Upload&& upload) {
   v.folded = upload(c.folded_basis());
+  const std::vector<float>& m = c.folded_basis();  // [r][d] -> M^T [d][r] for the encoder
+  const size_t r = c.layout().code_dim, d = c.layout().head_dim;
+  std::vector<float> mt(m.size());
+  for (size_t p = 0; p < r; ++p)
+    for (size_t i = 0; i < d; ++i) mt[i * r + p] = m[p * d + i];
+  v.folded_t = upload(mt);
   v.mean = upload(c.mean());
   v.step_unit = c.step_unit();
 }

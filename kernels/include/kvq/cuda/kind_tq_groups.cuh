@@ -117,7 +117,7 @@ __device__ inline void tq_query_to_latent(const DevHead& h, const float* q, floa
 // of a copy.
 template <class Upload>
 void tq_dev_tables(const codec::HeadCodec& c, DevHead& v, Upload&& upload) {
-  std::vector<float> rot, cb;
+  std::vector<float> rot, rot_t, cb, th;
   const size_t d = static_cast<size_t>(c.head_dim());
   std::vector<int32_t> dims(d);
   std::vector<uint8_t> group_of(d);
@@ -127,7 +127,11 @@ void tq_dev_tables(const codec::HeadCodec& c, DevHead& v, Upload&& upload) {
     v.rot_off[g] = static_cast<uint32_t>(rot.size());
     v.cb_off[g] = static_cast<uint32_t>(cb.size());
     rot.insert(rot.end(), G.rotation->matrix.begin(), G.rotation->matrix.end());
+    rot_t.insert(rot_t.end(), G.rotation->transpose.begin(), G.rotation->transpose.end());
     cb.insert(cb.end(), G.centroids.begin(), G.centroids.end());
+    // Thresholds share the centroids' offsets: 2^bits slots, the last one unused.
+    th.insert(th.end(), G.thresholds.begin(), G.thresholds.end());
+    th.push_back(INFINITY);
     for (size_t j = 0; j < G.dims.size(); ++j) {
       dims[G.latent_offset + j] = G.dims[j];
       group_of[G.latent_offset + j] = static_cast<uint8_t>(g);
@@ -135,6 +139,8 @@ void tq_dev_tables(const codec::HeadCodec& c, DevHead& v, Upload&& upload) {
   }
   v.rot = upload(rot);
   v.codebook = upload(cb);
+  v.rot_t = upload(rot_t);
+  v.thresholds = upload(th);
   v.dims = upload(dims);
   v.group_of = upload(group_of);
   v.norm_correction = c.decision().norm_correction ? 1u : 0u;

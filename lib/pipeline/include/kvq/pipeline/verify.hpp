@@ -4,6 +4,7 @@
 // measure what the model's attention would see.
 #include <nlohmann/json.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -21,7 +22,7 @@ struct VerifyOptions {
   // side information included) is >= the allocation's (match_effective_bits). With explicit
   // baseline bits: a usage error.
   std::string match = "nominal";
-  bool cuda = true;                  // check the CUDA decoder against the CPU one when a GPU is there
+  bool cuda = true;                  // check the GPU encoder, decoder and attention against the CPU when a GPU is there
   // Gates (negative = off). Overall figures, or layer counts.
   double max_logit_mae = -1, max_kl = -1, min_top10 = -1, max_nmse_k = -1, max_nmse_v = -1;
   int min_layer_wins = -1;
@@ -45,12 +46,42 @@ struct CodedReport {
   Metrics overall;  // mean over layers
 };
 
+// kvq-verify on the GPU path (VerifyOptions::cuda, with a device): every (layer, KV head, side) of
+// the allocation over the held-out windows through the GPU encoder and decoder, and per (layer,
+// window) the fused decode attention of the window's last query over the GPU-coded cache, against
+// the CPU reference. Without a GPU ran = false and every figure is 0.
+struct GpuCheck {
+  // Stated tolerances: decoded values |gpu - cpu| <= kDecodeTolerance * (1 + ||x_t||) per element
+  // (summation order differs); attention outputs |gpu - cpu| <= kAttentionTolerance * (1 + max
+  // |out|) (float accumulation and softmax vs the CPU's double). Codes: exactly equal.
+  static constexpr double kDecodeTolerance = 2e-5;
+  static constexpr double kAttentionTolerance = 2e-4;
+  bool ran = false;
+  std::string device;                        // the GPU's name
+  int64_t k_head_windows = 0, v_head_windows = 0;  // (layer, KV head, window) checked per side
+  int64_t tokens = 0;                        // token rows encoded on the GPU, both sides
+  int64_t byte_mismatches = 0;               // packed bytes GPU != CPU encoder (records included)
+  int64_t code_mismatches = 0;               // integer codes GPU != CPU encoder
+  double max_abs_diff = 0;                   // max |GPU decode of GPU codes - CPU decode of CPU codes|
+  double max_scaled_diff = 0;                // the same over (1 + ||x_t||): the tolerance's measure
+  int64_t attention_problems = 0;            // (layer, window) decode-attention problems run
+  double attention_max_abs_diff = 0;         // max |GPU - CPU| attention output
+  double attention_max_scaled_diff = 0;      // the same over (1 + max |out|)
+  bool passed() const {
+    return !ran || (byte_mismatches == 0 && code_mismatches == 0 && max_scaled_diff <= kDecodeTolerance &&
+                    attention_max_scaled_diff <= kAttentionTolerance);
+  }
+  nlohmann::json to_json() const;
+  std::string summary() const;  // one line for the text report
+};
+
 struct VerifyReport {
   CodedReport alloc, baseline;
   std::string match = "nominal";  // how the baseline's budget was chosen (VerifyOptions::match)
   int layer_wins = 0;  // layers where the allocation's logit MAE < the baseline's
   int n_layers = 0;
-  std::string cuda;    // "not available", or agreement figures
+  std::string cuda;    // "not available", or agreement figures (GpuCheck::summary)
+  GpuCheck gpu;        // the same in figures (JSON "gpu")
   std::vector<std::string> failed_gates;
   nlohmann::json to_json() const;
 };
