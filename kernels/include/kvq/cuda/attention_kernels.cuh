@@ -156,14 +156,20 @@ KVQ_UNROLL
         for (int i = 0; i < lc.n; ++i) acc[g * cdv + lane + 32 * i] *= corr;
     }
     __syncwarp();
-    // Values: lane owns latent coordinates lane + 32 i.
-    for (int t = 0; t < nt; ++t) {
-      const TokenRef r = token_ref(V.L, vs, vglob, (uint32_t)t0, t);
-      const float* vst = vsw + t * ngv;
-      for (int i = 0; i < lc.n; ++i) {
-        const float v = value_latent(V, cbv, lc, i, r, vst, lane);
-        for (int g = 0; g < G; ++g) acc[g * cdv + lane + 32 * i] += pw[g * kTokTile + t] * v;
+    // Values: lane owns latent coordinates lane + 32 i; its G sums stay in registers over the tile.
+    for (int i = 0; i < lc.n; ++i) {
+      float a[kMaxGqaGroup];
+      KVQ_UNROLL
+      for (int g = 0; g < kMaxGqaGroup; ++g) a[g] = g < G ? acc[g * cdv + lane + 32 * i] : 0.f;
+      for (int t = 0; t < nt; ++t) {
+        const float v = value_latent(V, cbv, lc, i, token_ref(V.L, vs, vglob, (uint32_t)t0, t), vsw + t * ngv, lane);
+        KVQ_UNROLL
+        for (int g = 0; g < kMaxGqaGroup; ++g)
+          if (g < G) a[g] += pw[g * kTokTile + t] * v;
       }
+      KVQ_UNROLL
+      for (int g = 0; g < kMaxGqaGroup; ++g)
+        if (g < G) acc[g * cdv + lane + 32 * i] = a[g];
     }
     __syncwarp();  // staging, pw and vsw are rewritten by the next tile
   }
