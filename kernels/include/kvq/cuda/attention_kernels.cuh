@@ -28,8 +28,12 @@
 #include "kvq/cuda/attention_warp.cuh"
 #include "kvq/cuda/device_codec.cuh"
 
-#ifndef KVQ_DYNAMIC_SMEM
-#define KVQ_DYNAMIC_SMEM(name) extern __shared__ float name[]
+// Dynamic shared memory, 16-byte aligned: the partial kernel stages packed bytes there with
+// 16-byte stores.
+#if defined(__CUDACC__)
+#define KVQ_ATTN_SMEM(name) extern __shared__ __align__(16) float name[]
+#else
+#define KVQ_ATTN_SMEM(name) KVQ_DYNAMIC_SMEM(name)
 #endif
 
 namespace kvq::cuda::detail {
@@ -37,7 +41,7 @@ namespace kvq::cuda::detail {
 // Dynamic shared memory: plan.smem_query (q[d], qc[max_cdk], red[kWarps], q_off).
 __global__ void __launch_bounds__(kThreads) attention_query_kernel(AttnParams P) {
   __shared__ DevHead K;
-  KVQ_DYNAMIC_SMEM(sm);
+  KVQ_ATTN_SMEM(sm);
   const int qh = blockIdx.x, b = blockIdx.y, kv = qh / P.group, d = P.d;
   load_head(&P.k_heads[kv], &K);
   float* q = sm;
@@ -54,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) attention_query_kernel(AttnParams P)
 
 __global__ void __launch_bounds__(kThreads) attention_partial_kernel(AttnParams P) {
   __shared__ DevHead K, V;
-  KVQ_DYNAMIC_SMEM(sm);
+  KVQ_ATTN_SMEM(sm);
   const int split = blockIdx.x, kv = blockIdx.y, b = blockIdx.z;
   int first, end;
   attended_range(P, b, &first, &end);
@@ -211,7 +215,7 @@ KVQ_UNROLL
 // Dynamic shared memory: plan.smem_combine (w[max_cdv], x[d]). out: [batch][n_q][d].
 __global__ void __launch_bounds__(kThreads) attention_combine_kernel(AttnParams P, float* out) {
   __shared__ DevHead V;
-  KVQ_DYNAMIC_SMEM(sm);
+  KVQ_ATTN_SMEM(sm);
   const int qh = blockIdx.x, b = blockIdx.y, kv = qh / P.group, d = P.d;
   load_head(&P.v_heads[kv], &V);
   int first, end;
