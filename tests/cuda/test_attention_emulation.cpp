@@ -53,6 +53,7 @@ struct Case {
   int window = 0;
   int sm_count = 132;        // the split plan's GPU size: small or large forces few or many splits
   int capacity = 0;          // the plan's max_tokens (a cache's capacity); 0: the longest sequence
+  int pos0 = 3;              // position of token 0 (positions 5 apart)
 };
 
 int run_case(const Case& cs) {
@@ -82,7 +83,7 @@ int run_case(const Case& cs) {
   const std::vector<float> q = t::gaussian_rows(B * cs.n_q, d, 5, 1.5);
   std::vector<int32_t> pos(static_cast<size_t>(B) * cap);
   for (int b = 0; b < B; ++b)
-    for (int i = 0; i < cap; ++i) pos[static_cast<size_t>(b) * cap + i] = 3 + 5 * i + b;
+    for (int i = 0; i < cap; ++i) pos[static_cast<size_t>(b) * cap + i] = cs.pos0 + 5 * i + b;
   for (int b = 0; b < B; ++b)
     for (int h = 0; h < cs.n_kv; ++h) {
       const int L = cs.lengths[static_cast<size_t>(b)];
@@ -211,6 +212,9 @@ TEST(AttentionEmulation, PreRopeKeys) {
        [](int) { return t::kivi(Side::kV, 2); }, true, true},
       {"tq_nc_pre_rope_scaled_freqs_d96", 96, 4, 2, {40}, [](int) { return pre_rope(t::norm_corrected(t::tq_uniform(96, 2))); },
        [](int) { return t::norm_corrected(t::tq_uniform(96, 1, 9, Side::kV)); }, true, false, true},
+      // Positions near 2^19: angles of 5e5 rad, reduced in double before the float sine/cosine.
+      {"tq_pre_rope_positions_near_512k", 128, 4, 1, {64}, [](int) { return pre_rope(t::tq_uniform(128, 4)); },
+       [](int) { return t::tq_uniform(128, 3, 9, Side::kV); }, true, false, false, 0, 132, 0, 524000},
       {"kivi_pre_rope_d256", 256, 2, 1, {40}, [](int) { return pre_rope(t::kivi(Side::kK, 3)); },
        [](int) { return t::tq_uniform(256, 2, 3, Side::kV); }, true, false},
   };

@@ -239,11 +239,16 @@ __device__ inline void key_scores_rope(const DevHead& h, const float* cb, TokenR
   }
   __syncwarp();
   for (int i = lane; i < P.rotary_dim / 2; i += 32) {
+    // The angle in double (positions reach 2^19 and more), reduced to [-pi, pi] in double, then a
+    // float sine and cosine: within a few 1e-7 of the reference's double sincos at a fraction of
+    // its cost (this runs for every pair of every key).
     const double ang = (double)pos * P.inv_freq[i];
-    double sn, cs;
-    sincos(ang, &sn, &cs);
-    sn *= P.rope_attention_factor;
-    cs *= P.rope_attention_factor;
+    const double kTwoPi = 6.283185307179586476925286766559;
+    const float red = (float)(ang - kTwoPi * rint(ang * (1.0 / kTwoPi)));
+    float snf, csf;
+    sincosf(red, &snf, &csf);
+    const double sn = (double)snf * P.rope_attention_factor;
+    const double cs = (double)csf * P.rope_attention_factor;
     int a, b;
     rope_block_coords(P.pairing, d, P.rotary_dim, i, &a, &b);
     double ya, yb;
