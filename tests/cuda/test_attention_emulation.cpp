@@ -3,7 +3,8 @@
 // sequence, on every machine (CI has no GPU). Tolerance, per sequence:
 //   |emu - cpu| <= 2e-4 * (1 + max |cpu out|)
 // (float accumulation, float softmax and a different summation order against the reference's
-// double; RoPE angles in double on both sides) — the tolerance of test_cuda_codec.cpp, whose GPU
+// double; RoPE angles in double on both sides, sine and cosine in float after a double range
+// reduction) — the tolerance of test_cuda_codec.cpp, whose GPU
 // run of the same kernels remains the real check.
 #include "cuda_emulation.hpp"
 // clang-format off: the emulation must come before the kernels
