@@ -37,9 +37,13 @@ std::vector<float> gaussian(size_t n, uint32_t seed) {
   return x;
 }
 
+// Uniform TQ and KIVI keys are cached post-RoPE, as serving engines cache them (and as Block-GTQ
+// does); only the low-rank keys are pre-RoPE (KV-COBRA's basis is of pre-RoPE keys) and take the
+// kernel's rotate-on-the-fly path.
 HeadDecision tq(int bits, uint64_t seed, Side side) {
   HeadDecision dec;
   dec.side = side;
+  dec.post_rope = true;
   dec.kind = CodingKind::kTqGroups;
   kvq::TqGroup g;
   g.bits = bits;
@@ -90,6 +94,7 @@ HeadDecision lowrank(int rank, int bits, uint64_t seed) {
 HeadDecision kivi(Side side, int bits) {
   HeadDecision dec;
   dec.side = side;
+  dec.post_rope = true;
   dec.kind = CodingKind::kKivi;
   dec.bits = bits;
   dec.group_size = 32;
