@@ -1,8 +1,11 @@
 #pragma once
 // Runs the kvq CUDA kernels on CPU threads so their logic is tested on machines without a GPU:
-// one std::thread per CUDA thread, blocks one after another, __syncthreads as a block barrier,
-// __shfl_xor_sync through a per-warp exchange, static __shared__ as function statics (one block
-// at a time), dynamic shared memory poisoned with NaN so a read before a write shows up.
+// one std::thread per CUDA thread for a whole launch, blocks one after another (3-D grids: x fastest), __syncthreads
+// as a block barrier, __syncwarp as a barrier of the warp's 32 threads, __shfl_xor_sync through a
+// per-warp exchange, static __shared__ as function statics (one block at a time), dynamic shared
+// memory poisoned with NaN so a read before a write shows up. A block whose threads all return
+// early never meets a barrier, as on the GPU; a barrier that only part of a block or warp reaches
+// would hang, so the kernels' barriers must be uniform (as CUDA requires of them).
 // Enough for these kernels (1-D blocks, float shuffles); not a general CUDA emulator, and it
 // cannot find data races between threads that the barrier structure hides.
 #if defined(__CUDACC__)
@@ -55,29 +58,34 @@ inline std::unique_ptr<Barrier> block_barrier;
 inline std::vector<std::unique_ptr<Barrier>> warp_barriers;
 inline std::vector<float> warp_slots;
 
-// Runs body() as grid.x * grid.y blocks of `threads` threads with `smem_bytes` of dynamic shared
+// Runs body() as grid.x * grid.y * grid.z blocks of `threads` threads with `smem_bytes` of dynamic shared
 // memory.
 inline void launch(EmuDim3 grid, int threads, size_t smem_bytes, const std::function<void()>& body) {
   grid_dim = grid;
   block_dim = EmuDim3{static_cast<unsigned>(threads), 1, 1};
   std::vector<float> smem(smem_bytes / sizeof(float) + 1, std::numeric_limits<float>::quiet_NaN());
-  for (unsigned by = 0; by < grid.y; ++by)
-    for (unsigned bx = 0; bx < grid.x; ++bx) {
-      std::fill(smem.begin(), smem.end(), std::numeric_limits<float>::quiet_NaN());
-      dynamic_smem = smem.data();
-      block_barrier = std::make_unique<Barrier>(threads);
-      warp_barriers.clear();
-      for (int w = 0; w < (threads + 31) / 32; ++w) warp_barriers.push_back(std::make_unique<Barrier>(32));
-      warp_slots.assign(static_cast<size_t>(threads), 0.f);
-      std::vector<std::thread> pool;
-      for (int t = 0; t < threads; ++t)
-        pool.emplace_back([&, t, bx, by] {
-          thread_idx = EmuDim3{static_cast<unsigned>(t), 0, 0};
-          block_idx = EmuDim3{bx, by, 0};
-          body();
-        });
-      for (std::thread& th : pool) th.join();
-    }
+  dynamic_smem = smem.data();
+  block_barrier = std::make_unique<Barrier>(threads);
+  warp_barriers.clear();
+  for (int w = 0; w < (threads + 31) / 32; ++w) warp_barriers.push_back(std::make_unique<Barrier>(32));
+  warp_slots.assign(static_cast<size_t>(threads), 0.f);
+  // One thread per CUDA thread for the whole launch, running the blocks in turn; between two
+  // blocks every thread waits, and thread 0 poisons the shared memory again.
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      thread_idx = EmuDim3{static_cast<unsigned>(t), 0, 0};
+      for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+          for (unsigned bx = 0; bx < grid.x; ++bx) {
+            block_idx = EmuDim3{bx, by, bz};
+            body();
+            block_barrier->wait();
+            if (t == 0) std::fill(smem.begin(), smem.end(), std::numeric_limits<float>::quiet_NaN());
+            block_barrier->wait();
+          }
+    });
+  for (std::thread& th : pool) th.join();
 }
 
 }  // namespace kvq_emu
@@ -95,6 +103,10 @@ inline void launch(EmuDim3 grid, int threads, size_t smem_bytes, const std::func
 #define KVQ_DYNAMIC_SMEM(name) float* name = ::kvq_emu::dynamic_smem
 
 inline void __syncthreads() { kvq_emu::block_barrier->wait(); }
+
+inline void __syncwarp(unsigned /*mask*/ = 0xffffffffu) {
+  kvq_emu::warp_barriers[kvq_emu::thread_idx.x / 32]->wait();
+}
 
 inline float __shfl_xor_sync(unsigned /*mask*/, float v, int lane_mask) {
   const int t = static_cast<int>(kvq_emu::thread_idx.x);
