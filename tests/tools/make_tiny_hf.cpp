@@ -20,14 +20,18 @@ using nlohmann::json;
 namespace hf = kvq::test::hf;
 
 const char* kUsage =
-    "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa --out DIR [--seed S] [--scale X]\n"
+    "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4 --out DIR\n"
+    "                        [--seed S] [--scale X]\n"
     "                        [--layers N] [--head-dim D] [--kv-heads H]\n"
     "  Writes a tiny untrained model directory in the Hugging Face layout (test data).\n"
     "  --family  llama3: Llama with rope_scaling llama3 (factor 8, original 64), BOS template;\n"
     "            qwen2: q/k/v projection biases, Qwen tokenizer (NFC, no BOS);\n"
     "            qwen3: q/k norm, explicit head_dim, tied embeddings, Qwen tokenizer (NFC, no BOS);\n"
     "            qwen3-moe: Qwen3-MoE, 8 experts top-2, norm_topk_prob, layer 1 dense;\n"
-    "            mixtral: 4 experts top-2; mistral-swa: Mistral with sliding_window 32\n"
+    "            mixtral: 4 experts top-2; mistral-swa: Mistral with sliding_window 32;\n"
+    "            chatglm: GLM-4-9B's own layout (fused query_key_value + bias, rope_ratio 500), head_dim\n"
+    "            128 of which 64 rotate in adjacent pairs; glm4: the same in the Glm4ForCausalLM layout\n"
+    "            (split q/k/v, fused gate_up_proj, sandwich norms); both with the Qwen tokenizer\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
     "  --scale   std of the weights (default 0.02)\n"
@@ -208,8 +212,16 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
   } else if (family == "mistral-swa") {
     s.family = "mistral";
     s.sliding_window = 32;
+  } else if (family == "chatglm" || family == "glm4") {
+    s.family = family;
+    s.head_dim = 128;  // GLM-4-9B's: 32 RoPE blocks and 64 static dims
+    s.eps = 1.5625e-7;
+    s.rope_ratio = 500.0;
+    s.theta = 5e6;  // glm4: the base stated as rope_theta
+    s.partial_rotary_factor = 0.5;
   } else {
-    throw std::invalid_argument("--family: unknown '" + family + "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa)");
+    throw std::invalid_argument("--family: unknown '" + family +
+                                "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4)");
   }
   return s;
 }
@@ -266,7 +278,9 @@ int run(int argc, char** argv) {
     s.kv_heads = kv_heads;
     s.heads = 2 * kv_heads;
   }
-  const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe";
+  // GLM-4's own tokenizer is a tiktoken rank file; these tiny models carry the Qwen-style
+  // byte-level BPE tokenizer.json (no BOS), which the GLM-4 -hf repos also ship.
+  const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe" || s.glm();
   const Tok tok = make_tokenizer(qwen);
   s.vocab = tok.vocab_size;
   s.bos_id = tok.bos;
