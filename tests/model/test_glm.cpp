@@ -164,6 +164,23 @@ TEST(Glm, PartialRotaryFactorDefaultsToHalf) {
   EXPECT_EQ(Model::load(dir.str()).config().rotary_dim, 8);
 }
 
+// transformers 5 writes rope_theta and partial_rotary_factor inside rope_parameters.
+TEST(Glm, RopeParametersOfTransformers5) {
+  hf::Spec s = glm_spec("glm4");
+  nlohmann::json c = hf::make_config(s);
+  c.erase("partial_rotary_factor");
+  c.erase("rope_theta");
+  c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 2e5}, {"partial_rotary_factor", 0.25}};
+  test::TempDir dir;
+  hf::write_model(dir.str(), c, hf::make_weights(s));
+  const ModelConfig cfg = Model::load(dir.str()).config();
+  EXPECT_EQ(cfg.rotary_dim, 4);
+  EXPECT_DOUBLE_EQ(cfg.rope_theta, 2e5);
+  c["rope_parameters"]["partial_rotary_factor"] = "half";
+  hf::write_model(dir.str(), c, hf::make_weights(s));
+  test::expect_error([&] { Model::load(dir.str()); }, {"config.json", "rope_parameters.partial_rotary_factor", "\"half\""});
+}
+
 TEST(Glm, ChatglmMatchesReference) {
   Fixture f(glm_spec("chatglm"));
   f.expect_matches_reference();

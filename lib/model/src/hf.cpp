@@ -222,7 +222,8 @@ class HfCheckpoint final : public LayerSource {
       throw Error(dir, "model.safetensors", "missing (and no model.safetensors.index.json)");
     }
     const int64_t D = c.hidden_size, V = c.vocab_size;
-    fused_qkv_ = c.architecture == "chatglm" || owner_.count("model.layers.0.self_attn.qkv_proj.weight");
+    fused_qkv_ = c.architecture == "chatglm" ||
+                 ((c.architecture == "glm" || c.architecture == "glm4") && owner_.count("model.layers.0.self_attn.qkv_proj.weight"));
     // Validate everything before converting anything.
     if (c.n_experts > 0) check_expert_count(c, config_path, owner_, source_);
     if (fused_qkv_) check_fused_qkv(config_path);

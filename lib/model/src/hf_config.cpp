@@ -367,11 +367,20 @@ ModelConfig parse_hf_config(const std::string& path) {
                                                  " does not divide num_attention_heads " + std::to_string(c.n_heads));
   if (c.head_dim % 2 != 0) throw Error(path, "head_dim", std::to_string(c.head_dim) + " is odd");
 
-  const double factor = r.positive_number("partial_rotary_factor", glm ? 0.5 : 1.0);
-  if (factor > 1.0) throw Error(path, "partial_rotary_factor", std::to_string(factor) + " is above 1");
+  // transformers 5 moves partial_rotary_factor into rope_parameters.
+  const bool in_params = !r.has("partial_rotary_factor") && j.contains("rope_parameters") &&
+                         j["rope_parameters"].is_object() && j["rope_parameters"].contains("partial_rotary_factor");
+  const char* factor_key = in_params ? "rope_parameters.partial_rotary_factor" : "partial_rotary_factor";
+  double factor = glm ? 0.5 : 1.0;
+  if (in_params || r.has("partial_rotary_factor")) {
+    const json& v = in_params ? j["rope_parameters"]["partial_rotary_factor"] : j["partial_rotary_factor"];
+    if (!v.is_number() || !(v.get<double>() > 0)) throw Error(path, factor_key, "expected a positive number, found " + v.dump());
+    factor = v.get<double>();
+  }
+  if (factor > 1.0) throw Error(path, factor_key, std::to_string(factor) + " is above 1");
   c.rotary_dim = static_cast<int>(c.head_dim * factor);
   if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
-    throw Error(path, "partial_rotary_factor",
+    throw Error(path, factor_key,
                 std::to_string(factor) + " gives rotary dim " + std::to_string(c.rotary_dim) +
                     " for head_dim " + std::to_string(c.head_dim) + " (must be even and >= 2)");
 
