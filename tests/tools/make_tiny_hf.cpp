@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hf_tiny.hpp"
@@ -31,7 +32,9 @@ const char* kUsage =
     "            mixtral: 4 experts top-2; mistral-swa: Mistral with sliding_window 32;\n"
     "            chatglm: GLM-4-9B's own layout (fused query_key_value + bias, rope_ratio 500), head_dim\n"
     "            128 of which 64 rotate in adjacent pairs; glm4: the same in the Glm4ForCausalLM layout\n"
-    "            (split q/k/v, fused gate_up_proj, sandwich norms); both with the Qwen tokenizer\n"
+    "            (split q/k/v, fused gate_up_proj, sandwich norms); both with the Qwen tokenizer and\n"
+    "            the q/k rows of the static dims (64..127) scaled by 3, so that the static blocks'\n"
+    "            energy is ~9x the rotating ones' and Block-GTQ has a contrast to follow\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
     "  --scale   std of the weights (default 0.02)\n"
@@ -226,6 +229,37 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
   return s;
 }
 
+// GLM: multiplies the q and k rows (weights and biases) of every head's static dims
+// [head_dim * partial, head_dim) by `gain` (values stay BF16: rounded again).
+void scale_static_qk(const hf::Spec& s, hf::TensorMap* w, double gain) {
+  const int64_t hd = s.head_dim, rd = s.family == "chatglm" ? hd / 2 : int64_t(hd * s.partial_rotary_factor);
+  const int64_t q_heads = s.heads, qk_heads = int64_t(s.heads) + s.kv_heads;
+  for (int l = 0; l < s.layers; ++l) {
+    // (tensor, first row of its q/k heads, number of q/k heads in it)
+    std::vector<std::tuple<std::string, int64_t, int64_t>> parts;
+    if (s.family == "chatglm") {
+      const std::string p = "transformer.encoder.layers." + std::to_string(l) + ".self_attention.query_key_value.";
+      parts = {{p + "weight", 0, qk_heads}, {p + "bias", 0, qk_heads}};
+    } else {
+      const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+      parts = {{p + "q_proj.weight", 0, q_heads}, {p + "q_proj.bias", 0, q_heads},
+               {p + "k_proj.weight", 0, s.kv_heads}, {p + "k_proj.bias", 0, s.kv_heads}};
+    }
+    for (const auto& [name, row0, n_heads] : parts) {
+      hf::Tensor& t = w->at(name);
+      const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+      for (int64_t h = 0; h < n_heads; ++h)
+        for (int64_t e = rd; e < hd; ++e) {
+          const int64_t row = row0 + h * hd + e;
+          for (int64_t c = 0; c < cols; ++c) {
+            double& x = t.v[size_t(row * cols + c)];
+            x = hf::bf16_round(x * gain);
+          }
+        }
+    }
+  }
+}
+
 int run(int argc, char** argv) {
   std::string family, out;
   uint32_t seed = 0;
@@ -289,7 +323,9 @@ int run(int argc, char** argv) {
   if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
     throw std::invalid_argument("--out: '" + out + "' exists and is not an empty directory");
   fs::create_directories(out);
-  hf::write_model(out, hf::make_config(s), hf::make_weights(s), 2);
+  hf::TensorMap w = hf::make_weights(s);
+  if (s.glm()) scale_static_qk(s, &w, 3.0);
+  hf::write_model(out, hf::make_config(s), w, 2);
   hf::write_file(out + "/tokenizer.json", tok.tokenizer.dump(2));
   hf::write_file(out + "/tokenizer_config.json", tok.tokenizer_config.dump(2));
   return 0;
