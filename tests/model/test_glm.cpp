@@ -91,10 +91,12 @@ struct Fixture {
   }
 
   // kvq vs the reference `r` (with options o) on a seeded window: max relative difference.
-  double diff(const ref::Model& r, const ref::Options& o = {}, int T = 24, uint32_t seed = 11) const {
+  double diff(const ref::Model& r, const ref::Options& o = {}, const char* what = "", int T = 24, uint32_t seed = 11) const {
     const auto ids = seeded_ids(T, spec.vocab, seed);
     const ref::Vec got = logits_of(model, ids), want = ref::forward(r, ids, o);
-    return ref::rel_max_diff(got, want);
+    const double d = ref::rel_max_diff(got, want);
+    if (*what) std::cout << "[ info ] " << spec.family << " control '" << what << "': max rel diff " << d << "\n";
+    return d;
   }
 
   void expect_matches_reference() const {
@@ -187,13 +189,13 @@ TEST(Glm, ChatglmMatchesReference) {
   f.expect_same_greedy(6, 6);
   ref::Options split;
   split.flip_pairing = true;
-  EXPECT_GT(f.diff(f.ref, split), kControl) << "split-half instead of adjacent pairs must fail";
+  EXPECT_GT(f.diff(f.ref, split, "split-half pairs"), kControl) << "split-half instead of adjacent pairs must fail";
   ref::Model no_ratio = f.ref;
   no_ratio.inv_freq = ref::default_inv_freq(10000.0, 8);
-  EXPECT_GT(f.diff(no_ratio), kControl) << "rope_ratio ignored must fail";
+  EXPECT_GT(f.diff(no_ratio, {}, "rope_ratio ignored"), kControl) << "rope_ratio ignored must fail";
   ref::Model full_rotary = f.ref;
   full_rotary.inv_freq = ref::default_inv_freq(10000.0 * 500.0, 16);
-  EXPECT_GT(f.diff(full_rotary), kControl) << "all 16 dims rotating must fail";
+  EXPECT_GT(f.diff(full_rotary, {}, "all dims rotating"), kControl) << "all 16 dims rotating must fail";
 }
 
 TEST(Glm, GlmMatchesReference) {
@@ -202,10 +204,10 @@ TEST(Glm, GlmMatchesReference) {
   f.expect_same_greedy(6, 6);
   ref::Options split;
   split.flip_pairing = true;
-  EXPECT_GT(f.diff(f.ref, split), kControl) << "split-half instead of adjacent pairs must fail";
+  EXPECT_GT(f.diff(f.ref, split, "split-half pairs"), kControl) << "split-half instead of adjacent pairs must fail";
   ref::Model base = f.ref;
   base.inv_freq = ref::default_inv_freq(10000.0, 8);
-  EXPECT_GT(f.diff(base), kControl) << "rope_theta ignored must fail";
+  EXPECT_GT(f.diff(base, {}, "rope_theta ignored"), kControl) << "rope_theta ignored must fail";
 }
 
 TEST(Glm, Glm4SandwichNormsMatchReference) {
@@ -214,10 +216,10 @@ TEST(Glm, Glm4SandwichNormsMatchReference) {
   f.expect_same_greedy(6, 6);
   ref::Options split;
   split.flip_pairing = true;
-  EXPECT_GT(f.diff(f.ref, split), kControl) << "split-half instead of adjacent pairs must fail";
+  EXPECT_GT(f.diff(f.ref, split, "split-half pairs"), kControl) << "split-half instead of adjacent pairs must fail";
   ref::Options no_sandwich;
   no_sandwich.skip_sandwich_norm = true;
-  EXPECT_GT(f.diff(f.ref, no_sandwich), kControl) << "the sandwich norms must matter";
+  EXPECT_GT(f.diff(f.ref, no_sandwich, "no sandwich norms"), kControl) << "the sandwich norms must matter";
 }
 
 TEST(Glm, OlderConverterFusedQkvProj) {
