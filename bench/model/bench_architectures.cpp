@@ -2,7 +2,8 @@
 // layers, 4/2 heads of 64, vocab 1024), from seeded untrained checkpoints written at start-up:
 // llama (dense baseline, intermediate 512), qwen3 (+ q/k norm), qwen3_moe and mixtral (8 experts,
 // top-2 of width 256: the same active MLP FLOPs as the baseline), mistral with a 64-token sliding
-// window, with and without a capture observer.
+// window, GLM-4 in its chatglm (fused query_key_value) and glm4 (sandwich norms) forms (half of
+// each head rotating, adjacent pairs), with and without a capture observer.
 #include <benchmark/benchmark.h>
 
 #include <ATen/Parallel.h>
@@ -88,11 +89,15 @@ void BM_Qwen3(benchmark::State& s) { run(s, "qwen3"); }
 void BM_Qwen3Moe(benchmark::State& s) { run(s, "qwen3_moe"); }
 void BM_Mixtral(benchmark::State& s) { run(s, "mixtral"); }
 void BM_MistralSwa64(benchmark::State& s) { run(s, "mistral"); }
+void BM_Chatglm(benchmark::State& s) { run(s, "chatglm"); }
+void BM_Glm4(benchmark::State& s) { run(s, "glm4"); }
 BENCHMARK(BM_Llama)->Apply(args);
 BENCHMARK(BM_Qwen3)->Apply(args);
 BENCHMARK(BM_Qwen3Moe)->Apply(args);
 BENCHMARK(BM_Mixtral)->Apply(args);
 BENCHMARK(BM_MistralSwa64)->Apply(args);
+BENCHMARK(BM_Chatglm)->Apply(args);
+BENCHMARK(BM_Glm4)->Apply(args);
 
 }  // namespace
 

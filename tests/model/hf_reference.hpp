@@ -1,8 +1,9 @@
 #pragma once
 // A double-precision reference forward of the HF decoder families, written from the formulas
 // (../shared/MODEL-FAMILIES.md, transformers' modeling code) with plain loops and no kvq code:
-// RMSNorm, optional per-head q/k RMSNorm (Qwen3), split-half RoPE from explicit inverse
-// frequencies and attention factor, GQA attention with causal and sliding-window masks, SwiGLU
+// RMSNorm, optional per-head q/k RMSNorm (Qwen3), split-half or adjacent-pair (GLM) RoPE over the
+// first rotary dims from explicit inverse frequencies and attention factor, GLM-4-0414's sandwich
+// norms, GQA attention with causal and sliding-window masks, SwiGLU
 // MLP, MoE router softmax / top-k / renormalisation. Slow (O(T^2) loops), for tiny models only.
 //
 // Usage: fill a ref::Model (from_hf() does it for hf_tiny.hpp's tensors), then
@@ -31,6 +32,7 @@ struct Layer {
   Vec wq, wk, wv, wo;       // [H*hd, D], [Hk*hd, D], [Hk*hd, D], [D, H*hd]
   Vec bq, bk, bv, bo;       // empty: no bias
   Vec q_norm, k_norm;       // [hd]; empty: no q/k norm
+  Vec post_attn_norm, post_mlp_norm;  // [D]; empty: none (glm4: norm the sublayer output before the add)
   int window = 0;           // 0: full causal; W > 0: query i sees keys j with i - W < j <= i
   // Dense SwiGLU MLP (when router is empty)
   Vec w_gate, w_up, w_down;  // [I, D], [I, D], [D, I]
@@ -45,6 +47,7 @@ struct Model {
   // RoPE over the first 2 * inv_freq.size() dims of each head (split-half pairing: dim i with
   // i + half); cos and sin are multiplied by attention_factor.
   Vec inv_freq;
+  bool adjacent_pairs = false;  // GLM: dim 2j turns with 2j+1 (instead of j with j + half)
   double attention_factor = 1.0;
   int top_k = 0;
   bool norm_topk_prob = false;
@@ -64,6 +67,8 @@ struct Options {
   bool skip_qk_norm = false;
   bool ignore_window = false;
   bool flip_norm_topk_prob = false;
+  bool flip_pairing = false;  // adjacent pairs <-> split-half
+  bool skip_sandwich_norm = false;
   int64_t pos0 = 0;
 };
 
@@ -101,13 +106,15 @@ inline void swiglu(const Vec& gate, const Vec& up, const Vec& down, const double
   matvec(down, {}, g.data(), D, I, y);
 }
 
-inline void rope(double* head, const Vec& inv_freq, double af, int64_t pos) {
+inline void rope(double* head, const Vec& inv_freq, double af, int64_t pos, bool adjacent = false) {
   const size_t half = inv_freq.size();
   for (size_t j = 0; j < half; ++j) {
-    const double a = head[j], b = head[j + half], ang = double(pos) * inv_freq[j];
-    const double c = af * std::cos(ang), s = af * std::sin(ang);
-    head[j] = a * c - b * s;
-    head[j + half] = b * c + a * s;
+    double& a = adjacent ? head[2 * j] : head[j];
+    double& b = adjacent ? head[2 * j + 1] : head[j + half];
+    const double ang = double(pos) * inv_freq[j], c = af * std::cos(ang), s = af * std::sin(ang);
+    const double a0 = a, b0 = b;
+    a = a0 * c - b0 * s;
+    b = b0 * c + a0 * s;
   }
 }
 
@@ -146,12 +153,14 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
       trace->k.push_back(k);
       trace->v.push_back(v);
     }
+    const bool adj = m.adjacent_pairs != opt.flip_pairing;
     for (int t = 0; t < T; ++t) {
-      for (int hh = 0; hh < H; ++hh) rope(&q[(static_cast<size_t>(t) * H + hh) * hd], m.inv_freq, m.attention_factor, opt.pos0 + t);
-      for (int hh = 0; hh < Hk; ++hh) rope(&k[(static_cast<size_t>(t) * Hk + hh) * hd], m.inv_freq, m.attention_factor, opt.pos0 + t);
+      for (int hh = 0; hh < H; ++hh) rope(&q[(static_cast<size_t>(t) * H + hh) * hd], m.inv_freq, m.attention_factor, opt.pos0 + t, adj);
+      for (int hh = 0; hh < Hk; ++hh) rope(&k[(static_cast<size_t>(t) * Hk + hh) * hd], m.inv_freq, m.attention_factor, opt.pos0 + t, adj);
     }
+    const bool sandwich = !L.post_attn_norm.empty() && !opt.skip_sandwich_norm;
     const int W = opt.ignore_window ? 0 : L.window;
-    Vec attn(static_cast<size_t>(H) * hd), score(static_cast<size_t>(T)), o(static_cast<size_t>(D));
+    Vec attn(static_cast<size_t>(H) * hd), score(static_cast<size_t>(T)), o(static_cast<size_t>(D)), tmp2(static_cast<size_t>(D));
     Vec x_new = x;
     for (int i = 0; i < T; ++i) {
       for (int hh = 0; hh < H; ++hh) {
@@ -177,6 +186,10 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
         }
       }
       matvec(L.wo, L.bo, attn.data(), D, H * hd, o.data());
+      if (sandwich) {
+        rms_norm(o.data(), L.post_attn_norm, D, m.eps, tmp2.data());
+        o.swap(tmp2);
+      }
       for (int e = 0; e < D; ++e) x_new[size_t(i) * D + e] += o[size_t(e)];
     }
     x.swap(x_new);
@@ -187,6 +200,10 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
       if (L.router.empty()) {
         const int I = int(L.w_gate.size() / size_t(D));
         swiglu(L.w_gate, L.w_up, L.w_down, h.data(), D, I, o.data());
+        if (sandwich) {
+          rms_norm(o.data(), L.post_mlp_norm, D, m.eps, tmp2.data());
+          o.swap(tmp2);
+        }
         for (int e = 0; e < D; ++e) xt[e] += o[size_t(e)];
         continue;
       }
@@ -223,7 +240,10 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
 }
 
 // The reference model of an hf_tiny.hpp checkpoint, read from its tensor names (HF layout).
+inline Model from_glm(const hf::Spec& s, const hf::TensorMap& w);
+
 inline Model from_hf(const hf::Spec& s, const hf::TensorMap& w) {
+  if (s.glm()) return from_glm(s, w);
   auto get = [&](const std::string& n) -> const Vec& {
     auto it = w.find(n);
     if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
@@ -268,6 +288,73 @@ inline Model from_hf(const hf::Spec& s, const hf::TensorMap& w) {
       L.w_gate = get(p + "mlp.gate_proj.weight");
       L.w_up = get(p + "mlp.up_proj.weight");
       L.w_down = get(p + "mlp.down_proj.weight");
+    }
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+// The reference model of an hf_tiny.hpp GLM-4 checkpoint (any of the three forms), from the
+// formulas of ../shared/MODEL-FAMILIES.md: fused query_key_value rows are Q [0, H·hd), K, V;
+// fused gate_up rows are gate [0, I), up [I, 2I); chatglm RoPE base 10000 · rope_ratio over
+// kv_channels / 2 dims; glm/glm4 base rope_theta over head_dim · partial_rotary_factor dims;
+// adjacent pairs; no bias on the output projection.
+inline Model from_glm(const hf::Spec& s, const hf::TensorMap& w) {
+  auto get = [&](const std::string& n) -> const Vec& {
+    auto it = w.find(n);
+    if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
+    return it->second.v;
+  };
+  auto rows = [](const Vec& t, size_t cols, size_t r0, size_t n) {
+    return Vec(t.begin() + ptrdiff_t(r0 * cols), t.begin() + ptrdiff_t((r0 + n) * cols));
+  };
+  const bool chat = s.family == "chatglm";
+  const size_t D = size_t(s.hidden), I = size_t(s.inter), qd = size_t(s.heads) * size_t(s.head_dim),
+               kvd = size_t(s.kv_heads) * size_t(s.head_dim);
+  Model m;
+  m.D = s.hidden;
+  m.H = s.heads;
+  m.Hk = s.kv_heads;
+  m.hd = s.head_dim;
+  m.V = s.vocab;
+  m.eps = s.eps;
+  m.adjacent_pairs = true;
+  m.inv_freq = chat ? default_inv_freq(10000.0 * s.rope_ratio, s.head_dim / 2)
+                    : default_inv_freq(s.theta, int(s.head_dim * s.partial_rotary_factor));
+  m.embed = get(chat ? "transformer.embedding.word_embeddings.weight" : "model.embed_tokens.weight");
+  m.final_norm = get(chat ? "transformer.encoder.final_layernorm.weight" : "model.norm.weight");
+  m.lm_head = get(chat ? "transformer.output_layer.weight" : "lm_head.weight");
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = (chat ? "transformer.encoder.layers." : "model.layers.") + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = get(p + "input_layernorm.weight");
+    L.ffn_norm = get(p + "post_attention_layernorm.weight");
+    const std::string fused = chat ? p + "self_attention.query_key_value" : p + "self_attn.qkv_proj";
+    if (chat || s.fused_qkv) {
+      const Vec& W = get(fused + ".weight");
+      const Vec& b = get(fused + ".bias");
+      L.wq = rows(W, D, 0, qd);
+      L.wk = rows(W, D, qd, kvd);
+      L.wv = rows(W, D, qd + kvd, kvd);
+      L.bq = rows(b, 1, 0, qd);
+      L.bk = rows(b, 1, qd, kvd);
+      L.bv = rows(b, 1, qd + kvd, kvd);
+    } else {
+      L.wq = get(p + "self_attn.q_proj.weight");
+      L.wk = get(p + "self_attn.k_proj.weight");
+      L.wv = get(p + "self_attn.v_proj.weight");
+      L.bq = get(p + "self_attn.q_proj.bias");
+      L.bk = get(p + "self_attn.k_proj.bias");
+      L.bv = get(p + "self_attn.v_proj.bias");
+    }
+    L.wo = get(chat ? p + "self_attention.dense.weight" : p + "self_attn.o_proj.weight");
+    const Vec& gu = get(chat ? p + "mlp.dense_h_to_4h.weight" : p + "mlp.gate_up_proj.weight");
+    L.w_gate = rows(gu, D, 0, I);
+    L.w_up = rows(gu, D, I, I);
+    L.w_down = get(chat ? p + "mlp.dense_4h_to_h.weight" : p + "mlp.down_proj.weight");
+    if (s.family == "glm4") {
+      L.post_attn_norm = get(p + "post_self_attn_layernorm.weight");
+      L.post_mlp_norm = get(p + "post_mlp_layernorm.weight");
     }
     m.layers.push_back(std::move(L));
   }

@@ -37,7 +37,10 @@ inline float bf16_to_f32(uint16_t h) {
 }
 inline double bf16_round(double x) { return double(bf16_to_f32(f32_to_bf16(float(x)))); }
 
-// family: llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral (the HF model_type).
+// family: llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral | chatglm | glm | glm4 (the HF
+// model_type). The GLM-4 forms: chatglm in ChatGLM's own keys and tensor names (fused
+// query_key_value with bias, dense_h_to_4h), glm / glm4 in the Llama layout with split q/k/v +
+// bias and a fused gate_up_proj, glm4 with the sandwich norms.
 struct Spec {
   std::string family = "llama";
   int hidden = 32, layers = 3, heads = 4, kv_heads = 2, head_dim = 16, inter = 48, vocab = 64;
@@ -58,7 +61,13 @@ struct Spec {
   // 1 + N(0, norm_jitter), q/k norms 1 + N(0, qk_norm_jitter); the router gets router_scale.
   double scale = 0.2, embed_scale = 1.0, norm_jitter = 0.1, router_scale = 1.0, qk_norm_jitter = 0.5;
   uint32_t seed = 1;
+  // GLM-4: chatglm's rope_ratio (base 10000 · rope_ratio, rotary dim head_dim / 2); glm/glm4's
+  // partial_rotary_factor (base theta); glm/glm4 fused_qkv writes the older converter's qkv_proj.
+  double rope_ratio = 1.0, partial_rotary_factor = 0.5;
+  bool fused_qkv = false;
   nlohmann::json extra = nlohmann::json::object();  // merged into config.json last (rope_scaling ...)
+
+  bool glm() const { return family == "chatglm" || family == "glm" || family == "glm4"; }
 
   bool moe() const { return family == "qwen3_moe" || family == "mixtral"; }
   bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
@@ -85,11 +94,44 @@ inline const char* class_of(const std::string& family) {
   if (family == "qwen3") return "Qwen3ForCausalLM";
   if (family == "qwen3_moe") return "Qwen3MoeForCausalLM";
   if (family == "mixtral") return "MixtralForCausalLM";
+  if (family == "chatglm") return "ChatGLMModel";
+  if (family == "glm") return "GlmForCausalLM";
+  if (family == "glm4") return "Glm4ForCausalLM";
   throw std::invalid_argument("unknown family " + family);
+}
+
+// ChatGLM's config.json keys (glm-4-9b's, with the tiny shape).
+inline nlohmann::json make_chatglm_config(const Spec& s) {
+  nlohmann::json c = {{"architectures", {"ChatGLMModel"}},
+                      {"model_type", "chatglm"},
+                      {"hidden_size", s.hidden},
+                      {"num_layers", s.layers},
+                      {"num_attention_heads", s.heads},
+                      {"multi_query_attention", true},
+                      {"multi_query_group_num", s.kv_heads},
+                      {"kv_channels", s.head_dim},
+                      {"ffn_hidden_size", s.inter},
+                      {"padded_vocab_size", s.vocab},
+                      {"seq_length", s.max_pos},
+                      {"layernorm_epsilon", s.eps},
+                      {"rmsnorm", true},
+                      {"add_qkv_bias", true},
+                      {"add_bias_linear", false},
+                      {"apply_residual_connection_post_layernorm", false},
+                      {"post_layer_norm", true},
+                      {"original_rope", true},
+                      {"rope_ratio", s.rope_ratio},
+                      {"tie_word_embeddings", false},
+                      {"eos_token_id", {s.eos_id}},
+                      {"pad_token_id", s.eos_id},
+                      {"torch_dtype", "bfloat16"}};
+  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) c[it.key()] = it.value();
+  return c;
 }
 
 inline nlohmann::json make_config(const Spec& s) {
   using nlohmann::json;
+  if (s.family == "chatglm") return make_chatglm_config(s);
   json c = {{"architectures", {class_of(s.family)}},
             {"model_type", s.family},
             {"hidden_size", s.hidden},
@@ -127,6 +169,11 @@ inline nlohmann::json make_config(const Spec& s) {
     c["num_local_experts"] = s.experts;
     c["num_experts_per_tok"] = s.top_k;
   }
+  if (s.glm()) {
+    c["partial_rotary_factor"] = s.partial_rotary_factor;
+    c["attention_bias"] = true;
+    c.erase("bos_token_id");  // GlmConfig: bos_token_id None
+  }
   for (auto it = s.extra.begin(); it != s.extra.end(); ++it) c[it.key()] = it.value();
   return c;
 }
@@ -145,6 +192,55 @@ inline std::string router_tensor_name(const Spec& s, int l) {
   return "model.layers." + std::to_string(l) + (s.family == "mixtral" ? ".block_sparse_moe.gate.weight" : ".mlp.gate.weight");
 }
 
+// GLM-4's tensors in the spec's form (see Spec): fused tensors stack their parts as rows.
+template <typename Add>
+void make_glm_weights(const Spec& s, Add& add) {
+  const int64_t D = s.hidden, I = s.inter, qd = int64_t(s.heads) * s.head_dim, kvd = int64_t(s.kv_heads) * s.head_dim;
+  const bool chat = s.family == "chatglm";
+  add(chat ? "transformer.embedding.word_embeddings.weight" : "model.embed_tokens.weight", {s.vocab, D}, s.embed_scale);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = (chat ? "transformer.encoder.layers." : "model.layers.") + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "post_attention_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    if (chat) {
+      add(p + "self_attention.query_key_value.weight", {qd + 2 * kvd, D}, s.scale);
+      add(p + "self_attention.query_key_value.bias", {qd + 2 * kvd}, s.scale);
+      add(p + "self_attention.dense.weight", {D, qd}, s.scale);
+      add(p + "mlp.dense_h_to_4h.weight", {2 * I, D}, s.scale);
+      add(p + "mlp.dense_4h_to_h.weight", {D, I}, s.scale);
+      continue;
+    }
+    if (s.fused_qkv) {
+      add(p + "self_attn.qkv_proj.weight", {qd + 2 * kvd, D}, s.scale);
+      add(p + "self_attn.qkv_proj.bias", {qd + 2 * kvd}, s.scale);
+    } else {
+      add(p + "self_attn.q_proj.weight", {qd, D}, s.scale);
+      add(p + "self_attn.k_proj.weight", {kvd, D}, s.scale);
+      add(p + "self_attn.v_proj.weight", {kvd, D}, s.scale);
+      add(p + "self_attn.q_proj.bias", {qd}, s.scale);
+      add(p + "self_attn.k_proj.bias", {kvd}, s.scale);
+      add(p + "self_attn.v_proj.bias", {kvd}, s.scale);
+    }
+    add(p + "self_attn.o_proj.weight", {D, qd}, s.scale);
+    add(p + "mlp.gate_up_proj.weight", {2 * I, D}, s.scale);
+    add(p + "mlp.down_proj.weight", {D, I}, s.scale);
+    if (s.family == "glm4") {  // far from 1 so that skipping them changes the logits clearly
+      add(p + "post_self_attn_layernorm.weight", {D}, s.qk_norm_jitter, 1.0);
+      add(p + "post_mlp_layernorm.weight", {D}, s.qk_norm_jitter, 1.0);
+    }
+  }
+  if (chat) {
+    add("transformer.encoder.final_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add("transformer.output_layer.weight", {s.vocab, D}, s.scale);
+    // ChatGLM stores an inv_freq buffer (computed without rope_ratio) that kvq must never read:
+    // here a constant 0.5, which no RoPE of the tests has.
+    add("transformer.rotary_pos_emb.inv_freq", {s.head_dim / 4}, 0.0, 0.5);
+  } else {
+    add("model.norm.weight", {D}, s.norm_jitter, 1.0);
+    add("lm_head.weight", {s.vocab, D}, s.scale);
+  }
+}
+
 inline TensorMap make_weights(const Spec& s) {
   std::mt19937_64 rng(s.seed);
   std::normal_distribution<double> g(0.0, 1.0);
@@ -159,6 +255,10 @@ inline TensorMap make_weights(const Spec& s) {
     m[name] = std::move(t);
   };
   const int64_t D = s.hidden, qd = int64_t(s.heads) * s.head_dim, kvd = int64_t(s.kv_heads) * s.head_dim;
+  if (s.glm()) {
+    make_glm_weights(s, add);
+    return m;
+  }
   add("model.embed_tokens.weight", {s.vocab, D}, s.embed_scale);
   for (int l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "hf_tiny.hpp"
@@ -20,14 +21,20 @@ using nlohmann::json;
 namespace hf = kvq::test::hf;
 
 const char* kUsage =
-    "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa --out DIR [--seed S] [--scale X]\n"
+    "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4 --out DIR\n"
+    "                        [--seed S] [--scale X]\n"
     "                        [--layers N] [--head-dim D] [--kv-heads H]\n"
     "  Writes a tiny untrained model directory in the Hugging Face layout (test data).\n"
     "  --family  llama3: Llama with rope_scaling llama3 (factor 8, original 64), BOS template;\n"
     "            qwen2: q/k/v projection biases, Qwen tokenizer (NFC, no BOS);\n"
     "            qwen3: q/k norm, explicit head_dim, tied embeddings, Qwen tokenizer (NFC, no BOS);\n"
     "            qwen3-moe: Qwen3-MoE, 8 experts top-2, norm_topk_prob, layer 1 dense;\n"
-    "            mixtral: 4 experts top-2; mistral-swa: Mistral with sliding_window 32\n"
+    "            mixtral: 4 experts top-2; mistral-swa: Mistral with sliding_window 32;\n"
+    "            chatglm: GLM-4-9B's own layout (fused query_key_value + bias, rope_ratio 500), head_dim\n"
+    "            128 of which 64 rotate in adjacent pairs; glm4: the same in the Glm4ForCausalLM layout\n"
+    "            (split q/k/v, fused gate_up_proj, sandwich norms); both with the Qwen tokenizer and\n"
+    "            the q/k rows of the static dims (64..127) scaled by 3, so that the static blocks'\n"
+    "            energy is ~9x the rotating ones' and Block-GTQ has a contrast to follow\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
     "  --scale   std of the weights (default 0.02)\n"
@@ -208,10 +215,49 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
   } else if (family == "mistral-swa") {
     s.family = "mistral";
     s.sliding_window = 32;
+  } else if (family == "chatglm" || family == "glm4") {
+    s.family = family;
+    s.head_dim = 128;  // GLM-4-9B's: 32 RoPE blocks and 64 static dims
+    s.eps = 1.5625e-7;
+    s.rope_ratio = 500.0;
+    s.theta = 5e6;  // glm4: the base stated as rope_theta
+    s.partial_rotary_factor = 0.5;
   } else {
-    throw std::invalid_argument("--family: unknown '" + family + "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa)");
+    throw std::invalid_argument("--family: unknown '" + family +
+                                "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4)");
   }
   return s;
+}
+
+// GLM: multiplies the q and k rows (weights and biases) of every head's static dims
+// [head_dim * partial, head_dim) by `gain` (values stay BF16: rounded again).
+void scale_static_qk(const hf::Spec& s, hf::TensorMap* w, double gain) {
+  const int64_t hd = s.head_dim, rd = s.family == "chatglm" ? hd / 2 : int64_t(hd * s.partial_rotary_factor);
+  const int64_t q_heads = s.heads, qk_heads = int64_t(s.heads) + s.kv_heads;
+  for (int l = 0; l < s.layers; ++l) {
+    // (tensor, first row of its q/k heads, number of q/k heads in it)
+    std::vector<std::tuple<std::string, int64_t, int64_t>> parts;
+    if (s.family == "chatglm") {
+      const std::string p = "transformer.encoder.layers." + std::to_string(l) + ".self_attention.query_key_value.";
+      parts = {{p + "weight", 0, qk_heads}, {p + "bias", 0, qk_heads}};
+    } else {
+      const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+      parts = {{p + "q_proj.weight", 0, q_heads}, {p + "q_proj.bias", 0, q_heads},
+               {p + "k_proj.weight", 0, s.kv_heads}, {p + "k_proj.bias", 0, s.kv_heads}};
+    }
+    for (const auto& [name, row0, n_heads] : parts) {
+      hf::Tensor& t = w->at(name);
+      const int64_t cols = t.shape.size() == 2 ? t.shape[1] : 1;
+      for (int64_t h = 0; h < n_heads; ++h)
+        for (int64_t e = rd; e < hd; ++e) {
+          const int64_t row = row0 + h * hd + e;
+          for (int64_t c = 0; c < cols; ++c) {
+            double& x = t.v[size_t(row * cols + c)];
+            x = hf::bf16_round(x * gain);
+          }
+        }
+    }
+  }
 }
 
 int run(int argc, char** argv) {
@@ -266,7 +312,9 @@ int run(int argc, char** argv) {
     s.kv_heads = kv_heads;
     s.heads = 2 * kv_heads;
   }
-  const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe";
+  // GLM-4's own tokenizer is a tiktoken rank file; these tiny models carry the Qwen-style
+  // byte-level BPE tokenizer.json (no BOS), which the GLM-4 -hf repos also ship.
+  const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe" || s.glm();
   const Tok tok = make_tokenizer(qwen);
   s.vocab = tok.vocab_size;
   s.bos_id = tok.bos;
@@ -275,7 +323,9 @@ int run(int argc, char** argv) {
   if (fs::exists(out) && !(fs::is_directory(out) && fs::is_empty(out)))
     throw std::invalid_argument("--out: '" + out + "' exists and is not an empty directory");
   fs::create_directories(out);
-  hf::write_model(out, hf::make_config(s), hf::make_weights(s), 2);
+  hf::TensorMap w = hf::make_weights(s);
+  if (s.glm()) scale_static_qk(s, &w, 3.0);
+  hf::write_model(out, hf::make_config(s), w, 2);
   hf::write_file(out + "/tokenizer.json", tok.tokenizer.dump(2));
   hf::write_file(out + "/tokenizer_config.json", tok.tokenizer_config.dump(2));
   return 0;

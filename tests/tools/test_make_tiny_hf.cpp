@@ -21,7 +21,7 @@ std::string make(const std::string& family, const std::string& out, int seed) {
 int run(const std::string& cmd) { return WEXITSTATUS(std::system(cmd.c_str())); }
 
 TEST(MakeTinyHf, EveryFamilyLoadsAndForwards) {
-  for (const char* fam : {"llama3", "qwen2", "qwen3", "qwen3-moe", "mixtral", "mistral-swa"}) {
+  for (const char* fam : {"llama3", "qwen2", "qwen3", "qwen3-moe", "mixtral", "mistral-swa", "chatglm", "glm4"}) {
     SCOPED_TRACE(fam);
     test::TempDir dir;
     const std::string out = dir / "m";
@@ -29,7 +29,7 @@ TEST(MakeTinyHf, EveryFamilyLoadsAndForwards) {
     const auto tok = nlohmann::json::parse(test::read_bytes(out + "/tokenizer.json"));
     const auto cfg = nlohmann::json::parse(test::read_bytes(out + "/config.json"));
     const size_t n_tok = tok["model"]["vocab"].size() + tok["added_tokens"].size();
-    EXPECT_EQ(cfg["vocab_size"].get<size_t>(), n_tok);
+    EXPECT_EQ(cfg[std::string(fam) == "chatglm" ? "padded_vocab_size" : "vocab_size"].get<size_t>(), n_tok);
     EXPECT_GE(tok["model"]["merges"].size(), 24u);
     EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors.index.json"));
     ModelConfig c;
@@ -74,6 +74,14 @@ TEST(MakeTinyHf, EveryFamilyLoadsAndForwards) {
     }
     if (f == "mistral-swa") {
       EXPECT_EQ(c.layer_window, (std::vector<int>{32, 32}));
+    }
+    if (f == "chatglm" || f == "glm4") {  // GLM-4-9B's head: 32 RoPE blocks in adjacent pairs, 64 static dims
+      EXPECT_EQ(c.architecture, f);
+      EXPECT_EQ(c.head_dim, 128);
+      EXPECT_EQ(c.rotary_dim, 64);
+      EXPECT_EQ(c.pairing, RopePairing::kInterleaved);
+      EXPECT_DOUBLE_EQ(c.rope_theta, 5e6);
+      EXPECT_EQ(c.sandwich_norm, f == "glm4");
     }
   }
 }

@@ -1,5 +1,7 @@
 // HF checkpoints: safetensors weights (single file or sharded through an index), opened and
-// validated against the config (hf_config.cpp) before anything is converted.
+// validated against the config (hf_config.cpp) before anything is converted. Llama-layout names
+// for every family, ChatGLM's own (transformer.encoder.layers.N ...) for chatglm; fused q|k|v and
+// gate|up tensors load as the stacked fp32 tensors the forward uses anyway.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -66,41 +68,118 @@ struct WantTensor {
   std::vector<int64_t> shape;
 };
 
+// Tensor names of a checkpoint form. Llama layout (model.layers.N.self_attn.q_proj ...) for every
+// family but chatglm (transformer.encoder.layers.N.self_attention.query_key_value ...). Fused
+// tensors hold their parts as row ranges: qkv = [Q; K; V], gate_up = [gate; up].
+struct GlobalNames {
+  std::string embed, final_norm, lm_head;
+};
+GlobalNames global_names(const ModelConfig& c) {
+  if (c.architecture == "chatglm")
+    return {"transformer.embedding.word_embeddings.weight", "transformer.encoder.final_layernorm.weight",
+            "transformer.output_layer.weight"};
+  return {"model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"};
+}
+
+struct LayerNames {
+  std::string attn_norm, ffn_norm;
+  std::string qkv;        // fused [Q; K; V] weight, or empty: q, k, v below
+  std::string qkv_bias;   // the fused bias (qkv set and c.qkv_bias)
+  std::string q, k, v;    // split projections (".weight"; their biases are ".bias")
+  std::string o;
+  std::string gate_up;    // fused [gate; up], or empty: gate, up below
+  std::string gate, up, down;
+  std::string post_attn_norm, post_mlp_norm;  // glm4 sandwich norms
+};
+LayerNames layer_names(const ModelConfig& c, int l, bool fused_qkv) {
+  LayerNames n;
+  if (c.architecture == "chatglm") {
+    const std::string p = "transformer.encoder.layers." + std::to_string(l) + ".";
+    n.attn_norm = p + "input_layernorm.weight";
+    n.ffn_norm = p + "post_attention_layernorm.weight";
+    n.qkv = p + "self_attention.query_key_value.weight";
+    n.qkv_bias = p + "self_attention.query_key_value.bias";
+    n.o = p + "self_attention.dense.weight";
+    n.gate_up = p + "mlp.dense_h_to_4h.weight";
+    n.down = p + "mlp.dense_4h_to_h.weight";
+    return n;
+  }
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  n.attn_norm = p + "input_layernorm.weight";
+  n.ffn_norm = p + "post_attention_layernorm.weight";
+  if (fused_qkv) {  // an older GLM converter's qkv_proj
+    n.qkv = p + "self_attn.qkv_proj.weight";
+    n.qkv_bias = p + "self_attn.qkv_proj.bias";
+  } else {
+    n.q = p + "self_attn.q_proj";
+    n.k = p + "self_attn.k_proj";
+    n.v = p + "self_attn.v_proj";
+  }
+  n.o = p + "self_attn.o_proj.weight";
+  const bool glm = c.architecture == "glm" || c.architecture == "glm4";
+  if (glm) {
+    n.gate_up = p + "mlp.gate_up_proj.weight";
+  } else {
+    n.gate = p + "mlp.gate_proj.weight";
+    n.up = p + "mlp.up_proj.weight";
+  }
+  n.down = p + "mlp.down_proj.weight";
+  if (c.sandwich_norm) {
+    n.post_attn_norm = p + "post_self_attn_layernorm.weight";
+    n.post_mlp_norm = p + "post_mlp_layernorm.weight";
+  }
+  return n;
+}
+
 // The tensors of decoder layer l, with the shapes the config implies.
-std::vector<WantTensor> layer_tensors(const ModelConfig& c, int l) {
+std::vector<WantTensor> layer_tensors(const ModelConfig& c, int l, bool fused_qkv) {
   const int64_t D = c.hidden_size, I = c.intermediate_size;
   const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
   const std::string p = "model.layers." + std::to_string(l) + ".";
+  const LayerNames n = layer_names(c, l, fused_qkv);
   std::vector<WantTensor> w;
-  w.push_back({p + "input_layernorm.weight", {D}});
-  w.push_back({p + "self_attn.q_proj.weight", {qd, D}});
-  w.push_back({p + "self_attn.k_proj.weight", {kvd, D}});
-  w.push_back({p + "self_attn.v_proj.weight", {kvd, D}});
-  if (c.qkv_bias) {
-    w.push_back({p + "self_attn.q_proj.bias", {qd}});
-    w.push_back({p + "self_attn.k_proj.bias", {kvd}});
-    w.push_back({p + "self_attn.v_proj.bias", {kvd}});
+  w.push_back({n.attn_norm, {D}});
+  if (!n.qkv.empty()) {
+    w.push_back({n.qkv, {qd + 2 * kvd, D}});
+    if (c.qkv_bias) w.push_back({n.qkv_bias, {qd + 2 * kvd}});
+  } else {
+    w.push_back({n.q + ".weight", {qd, D}});
+    w.push_back({n.k + ".weight", {kvd, D}});
+    w.push_back({n.v + ".weight", {kvd, D}});
+    if (c.qkv_bias) {
+      w.push_back({n.q + ".bias", {qd}});
+      w.push_back({n.k + ".bias", {kvd}});
+      w.push_back({n.v + ".bias", {kvd}});
+    }
   }
-  w.push_back({p + "self_attn.o_proj.weight", {D, qd}});
+  w.push_back({n.o, {D, qd}});
   if (c.o_bias) w.push_back({p + "self_attn.o_proj.bias", {D}});
   if (c.qk_norm) {
     w.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
     w.push_back({p + "self_attn.k_norm.weight", {c.head_dim}});
   }
-  w.push_back({p + "post_attention_layernorm.weight", {D}});
+  if (c.sandwich_norm) {
+    w.push_back({n.post_attn_norm, {D}});
+    w.push_back({n.post_mlp_norm, {D}});
+  }
+  w.push_back({n.ffn_norm, {D}});
   if (c.is_moe_layer(l)) {
     const int64_t E = c.n_experts, Ie = c.moe_intermediate_size;
     w.push_back({router_name(c, l), {E, D}});
     for (int e = 0; e < E; ++e) {
-      const ExpertNames n = expert_names(c, l, e);
-      w.push_back({n.gate, {Ie, D}});
-      w.push_back({n.up, {Ie, D}});
-      w.push_back({n.down, {D, Ie}});
+      const ExpertNames en = expert_names(c, l, e);
+      w.push_back({en.gate, {Ie, D}});
+      w.push_back({en.up, {Ie, D}});
+      w.push_back({en.down, {D, Ie}});
     }
   } else {
-    w.push_back({p + "mlp.gate_proj.weight", {I, D}});
-    w.push_back({p + "mlp.up_proj.weight", {I, D}});
-    w.push_back({p + "mlp.down_proj.weight", {D, I}});
+    if (!n.gate_up.empty()) {
+      w.push_back({n.gate_up, {2 * I, D}});
+    } else {
+      w.push_back({n.gate, {I, D}});
+      w.push_back({n.up, {I, D}});
+    }
+    w.push_back({n.down, {D, I}});
   }
   return w;
 }
@@ -110,7 +189,8 @@ std::vector<WantTensor> layer_tensors(const ModelConfig& c, int l) {
 // their fp32 layers here.
 class HfCheckpoint final : public LayerSource {
  public:
-  HfCheckpoint(const std::string& dir, const std::string& config_path, const ModelConfig& c) : c_(c) {
+  HfCheckpoint(const std::string& dir, const std::string& config_path, const ModelConfig& c)
+      : c_(c), names_(global_names(c)) {
     // Where each tensor lives: one file, or the shard named by the index's weight_map.
     const std::string single = (fs::path(dir) / "model.safetensors").string();
     const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
@@ -142,14 +222,19 @@ class HfCheckpoint final : public LayerSource {
       throw Error(dir, "model.safetensors", "missing (and no model.safetensors.index.json)");
     }
     const int64_t D = c.hidden_size, V = c.vocab_size;
+    fused_qkv_ = c.architecture == "chatglm" ||
+                 ((c.architecture == "glm" || c.architecture == "glm4") && owner_.count("model.layers.0.self_attn.qkv_proj.weight"));
     // Validate everything before converting anything.
     if (c.n_experts > 0) check_expert_count(c, config_path, owner_, source_);
-    file_of("model.embed_tokens.weight").check("model.embed_tokens.weight", {V, D});
+    if (fused_qkv_) check_fused_qkv(config_path);
+    file_of(names_.embed).check(names_.embed, {V, D});
     for (int l = 0; l < c.n_layers; ++l)
-      for (const auto& want : layer_tensors(c, l)) file_of(want.name).check(want.name, want.shape);
-    file_of("model.norm.weight").check("model.norm.weight", {D});
-    if (!c.tie_word_embeddings) file_of("lm_head.weight").check("lm_head.weight", {V, D});
+      for (const auto& want : layer_tensors(c, l, fused_qkv_)) file_of(want.name).check(want.name, want.shape);
+    file_of(names_.final_norm).check(names_.final_norm, {D});
+    if (!c.tie_word_embeddings) file_of(names_.lm_head).check(names_.lm_head, {V, D});
   }
+
+  const GlobalNames& names() const { return names_; }
 
   at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) const {
     return file_of(name).load_f32(name, shape);
@@ -177,47 +262,54 @@ class HfCheckpoint final : public LayerSource {
       }
       return t;
     };
+    const LayerNames n = layer_names(c, l, fused_qkv_);
     LayerWeights L;
-    L.attn_norm = load(p + "input_layernorm.weight", {D});
-    L.wqkv = stack({p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight", p + "self_attn.v_proj.weight"},
-                   {qd, kvd, kvd}, D);
-    if (c.qkv_bias)
-      L.bqkv = stack({p + "self_attn.q_proj.bias", p + "self_attn.k_proj.bias", p + "self_attn.v_proj.bias"},
-                     {qd, kvd, kvd}, 0);
-    L.wo = load(p + "self_attn.o_proj.weight", {D, qd});
+    L.attn_norm = load(n.attn_norm, {D});
+    if (!n.qkv.empty()) {
+      L.wqkv = load(n.qkv, {qd + 2 * kvd, D});
+      if (c.qkv_bias) L.bqkv = load(n.qkv_bias, {qd + 2 * kvd});
+    } else {
+      L.wqkv = stack({n.q + ".weight", n.k + ".weight", n.v + ".weight"}, {qd, kvd, kvd}, D);
+      if (c.qkv_bias) L.bqkv = stack({n.q + ".bias", n.k + ".bias", n.v + ".bias"}, {qd, kvd, kvd}, 0);
+    }
+    L.wo = load(n.o, {D, qd});
     if (c.o_bias) L.bo = load(p + "self_attn.o_proj.bias", {D});
-    L.ffn_norm = load(p + "post_attention_layernorm.weight", {D});
+    L.ffn_norm = load(n.ffn_norm, {D});
     if (c.qk_norm) {
       L.q_norm = load(p + "self_attn.q_norm.weight", {c.head_dim});
       L.k_norm = load(p + "self_attn.k_norm.weight", {c.head_dim});
+    }
+    if (c.sandwich_norm) {
+      L.post_attn_norm = load(n.post_attn_norm, {D});
+      L.post_mlp_norm = load(n.post_mlp_norm, {D});
     }
     if (c.is_moe_layer(l)) {
       const int64_t Ie = c.moe_intermediate_size;
       L.router = load(router_name(c, l), {c.n_experts, D});
       for (int e = 0; e < c.n_experts; ++e) {
-        const ExpertNames n = expert_names(c, l, e);
-        L.expert_gate_up.push_back(stack({n.gate, n.up}, {Ie, Ie}, D));
-        L.expert_down.push_back(load(n.down, {D, Ie}));
+        const ExpertNames en = expert_names(c, l, e);
+        L.expert_gate_up.push_back(stack({en.gate, en.up}, {Ie, Ie}, D));
+        L.expert_down.push_back(load(en.down, {D, Ie}));
       }
     } else {
-      L.w_gate_up = stack({p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"}, {I, I}, D);
-      L.w_down = load(p + "mlp.down_proj.weight", {D, I});
+      L.w_gate_up = n.gate_up.empty() ? stack({n.gate, n.up}, {I, I}, D) : load(n.gate_up, {2 * I, D});
+      L.w_down = load(n.down, {D, I});
     }
     *out = std::move(L);
   }
 
   void release(int l) const override {
-    for (const auto& want : layer_tensors(c_, l)) file_of(want.name).drop(want.name);
+    for (const auto& want : layer_tensors(c_, l, fused_qkv_)) file_of(want.name).drop(want.name);
   }
 
   int64_t stored_bytes(int l) const override {
     int64_t n = 0;
-    for (const auto& want : layer_tensors(c_, l)) n += int64_t(file_of(want.name).stored_bytes(want.name));
+    for (const auto& want : layer_tensors(c_, l, fused_qkv_)) n += int64_t(file_of(want.name).stored_bytes(want.name));
     return n;
   }
 
   at::Tensor embed_rows(const at::Tensor& ids) const override {
-    const std::string name = "model.embed_tokens.weight";
+    const std::string& name = names_.embed;
     const SafetensorsFile& f = file_of(name);
     const int64_t N = ids.numel(), D = c_.hidden_size;
     at::Tensor out = at::empty({N, D}, at::kFloat);
@@ -230,7 +322,7 @@ class HfCheckpoint final : public LayerSource {
   }
 
   at::Tensor lm_head() const override {
-    const std::string name = c_.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    const std::string& name = c_.tie_word_embeddings ? names_.embed : names_.lm_head;
     at::Tensor t = load(name, {c_.vocab_size, c_.hidden_size});
     file_of(name).drop(name);
     return t;
@@ -248,7 +340,32 @@ class HfCheckpoint final : public LayerSource {
     return *it->second;
   }
 
+  // A fused [Q; K; V] projection must have the rows the config's head counts give: a checkpoint
+  // whose rows do not add up is a config/weights mismatch, named as such (not a bare shape error).
+  void check_fused_qkv(const std::string& config_path) const {
+    const ModelConfig& c = c_;
+    const bool chat = c.architecture == "chatglm";
+    const int64_t qd = int64_t(c.n_heads) * c.head_dim, kvd = int64_t(c.n_kv_heads) * c.head_dim;
+    for (int l = 0; l < c.n_layers; ++l) {
+      const LayerNames n = layer_names(c, l, true);
+      for (const std::string* name : {&n.qkv, c.qkv_bias ? &n.qkv_bias : nullptr}) {
+        if (!name) continue;
+        const StTensorInfo* t = file_of(*name).find(*name);
+        if (!t || t->shape.empty() || t->shape[0] == qd + 2 * kvd) continue;  // absent: check() says so
+        throw Error(file_of(*name).path(), "tensor '" + *name + "'",
+                    std::to_string(t->shape[0]) + " rows do not add up to Q + K + V = " + std::to_string(qd) + " + " +
+                        std::to_string(kvd) + " + " + std::to_string(kvd) + " = " + std::to_string(qd + 2 * kvd) +
+                        " (" + config_path + ": num_attention_heads " +
+                        std::to_string(c.n_heads) + ", " + (chat ? "multi_query_group_num " : "num_key_value_heads ") +
+                        std::to_string(c.n_kv_heads) + ", " + (chat ? "kv_channels " : "head_dim ") +
+                        std::to_string(c.head_dim) + ")");
+      }
+    }
+  }
+
   ModelConfig c_;
+  GlobalNames names_;
+  bool fused_qkv_ = false;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
   std::map<std::string, const SafetensorsFile*> owner_;
   std::string source_;  // the file named when a tensor is absent
@@ -263,15 +380,15 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
   *config_sha256 = sha256_file(config_path);
   const ModelConfig& c = *cfg;
   auto ckpt = std::make_shared<HfCheckpoint>(dir, config_path, c);
-  w->final_norm = ckpt->load("model.norm.weight", {c.hidden_size});
+  w->final_norm = ckpt->load(ckpt->names().final_norm, {c.hidden_size});
   if (stream) {
     w->source = ckpt;
     return;
   }
   // Whole model: every layer converted, each layer's stored pages dropped once it is (the peak is
   // the fp32 model plus one layer's stored bytes, not the fp32 model plus the whole checkpoint).
-  w->embed = ckpt->load("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
-  ckpt->drop("model.embed_tokens.weight");
+  w->embed = ckpt->load(ckpt->names().embed, {c.vocab_size, c.hidden_size});
+  ckpt->drop(ckpt->names().embed);
   w->layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {
     ckpt->build(l, &w->layers[size_t(l)]);

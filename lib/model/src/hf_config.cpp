@@ -86,13 +86,12 @@ std::string architecture_of(const ConfigReader& r, const json& j, const std::str
   static const std::map<std::string, std::string> by_class = {
       {"LlamaForCausalLM", "llama"},     {"MistralForCausalLM", "mistral"},
       {"Qwen2ForCausalLM", "qwen2"},     {"Qwen3ForCausalLM", "qwen3"},
-      {"Qwen3MoeForCausalLM", "qwen3_moe"}, {"MixtralForCausalLM", "mixtral"}};
+      {"Qwen3MoeForCausalLM", "qwen3_moe"}, {"MixtralForCausalLM", "mixtral"},
+      {"GlmForCausalLM", "glm"},         {"Glm4ForCausalLM", "glm4"},
+      {"ChatGLMModel", "chatglm"},       {"ChatGLMForConditionalGeneration", "chatglm"}};
   static const std::map<std::string, std::string> refused = {
       {"deepseek_v2", "multi-head latent attention (MLA): K/V are a shared latent projection, not a per-head KV cache"},
       {"deepseek_v3", "multi-head latent attention (MLA): K/V are a shared latent projection, not a per-head KV cache"},
-      {"glm", "interleaved partial RoPE and the fused query_key_value layout are not implemented"},
-      {"glm4", "interleaved partial RoPE and the fused query_key_value layout are not implemented"},
-      {"chatglm", "interleaved partial RoPE and the fused query_key_value layout are not implemented"},
       {"gemma", "(1 + w) RMSNorm, GeGLU MLP and scaled embeddings are not implemented"},
       {"gemma2", "(1 + w) RMSNorm, GeGLU MLP and logit softcapping are not implemented"},
       {"gemma3", "(1 + w) RMSNorm, GeGLU MLP, q/k norm and local/global RoPE are not implemented"},
@@ -101,12 +100,11 @@ std::string architecture_of(const ConfigReader& r, const json& j, const std::str
       {"qwen2_moe", "shared experts with a sigmoid shared-expert gate are not implemented"}};
   static const std::map<std::string, std::string> refused_class = {
       {"DeepseekV2ForCausalLM", "deepseek_v2"}, {"DeepseekV3ForCausalLM", "deepseek_v3"},
-      {"GlmForCausalLM", "glm"}, {"Glm4ForCausalLM", "glm4"}, {"ChatGLMModel", "chatglm"},
-      {"ChatGLMForConditionalGeneration", "chatglm"}, {"GemmaForCausalLM", "gemma"},
+      {"GemmaForCausalLM", "gemma"},
       {"Gemma2ForCausalLM", "gemma2"}, {"Gemma3ForCausalLM", "gemma3_text"},
       {"Gemma3ForConditionalGeneration", "gemma3"}, {"Phi3ForCausalLM", "phi3"},
       {"Qwen2MoeForCausalLM", "qwen2_moe"}};
-  const std::string supported = " (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral)";
+  const std::string supported = " (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, chatglm, glm, glm4)";
   auto refuse = [&](const char* field, const std::string& name, const std::string& mt) {
     auto why = refused.find(mt);
     if (why != refused.end())
@@ -236,6 +234,10 @@ void parse_architecture_features(const ConfigReader& r, const json& j, const std
   } else if (a == "qwen3" || a == "qwen3_moe") {
     c->qk_norm = true;
     c->qkv_bias = c->o_bias = r.boolean("attention_bias", false);
+  } else if (a == "glm" || a == "glm4") {
+    // GlmConfig / Glm4Config: attention_bias (default true) is on q, k, v only; o_proj has none.
+    c->qkv_bias = r.boolean("attention_bias", true);
+    c->sandwich_norm = a == "glm4";
   }
 
   // Sliding window. Mistral/Mixtral: every layer when `sliding_window` is non-null (MistralConfig
@@ -292,6 +294,43 @@ void parse_architecture_features(const ConfigReader& r, const json& j, const std
   }
 }
 
+
+// ChatGLM's own config.json (THUDM/glm-4-9b, glm-4-9b-chat; modeling_chatglm.py): Megatron-style
+// keys, RoPE base 10000 · rope_ratio over the first kv_channels / 2 dims in adjacent pairs. The
+// variants of ChatGLM's code that change the math (LayerNorm, post-layernorm residual, biased
+// linears, the pre-GLM-4 RoPE) are refused by name.
+void parse_chatglm_config(const ConfigReader& r, const std::string& path, ModelConfig* c) {
+  c->hidden_size = r.positive_int("hidden_size");
+  c->n_layers = r.positive_int("num_layers");
+  c->n_heads = r.positive_int("num_attention_heads");
+  c->n_kv_heads = r.boolean("multi_query_attention", false) ? r.positive_int("multi_query_group_num") : c->n_heads;
+  if (!r.has("kv_channels"))
+    throw Error(path, "kv_channels", "missing (chatglm: the head dim, whose first half rotates)");
+  c->head_dim = r.positive_int("kv_channels");
+  if (c->head_dim % 4 != 0)
+    throw Error(path, "kv_channels", std::to_string(c->head_dim) + " is not a multiple of 4 (rotary dim kv_channels / 2 must be even)");
+  c->intermediate_size = r.positive_int("ffn_hidden_size");
+  c->vocab_size = r.positive_int("padded_vocab_size");
+  c->max_seq_len = r.positive_int("seq_length");
+  c->rms_norm_eps = r.positive_number("layernorm_epsilon", 1e-5);
+  c->qkv_bias = r.boolean("add_qkv_bias", false);
+  c->rope_theta = 10000.0 * r.positive_number("rope_ratio", 1.0);
+  c->rotary_dim = c->head_dim / 2;
+  c->pairing = RopePairing::kInterleaved;
+  c->tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c->bos_id = r.token_id("bos_token_id", -1);
+  c->eos_id = r.token_id("eos_token_id", -1);
+  if (c->n_heads % c->n_kv_heads != 0)
+    throw Error(path, "multi_query_group_num", std::to_string(c->n_kv_heads) + " does not divide num_attention_heads " +
+                                                   std::to_string(c->n_heads));
+  if (!r.boolean("rmsnorm", true)) throw Error(path, "rmsnorm", "false (LayerNorm) is not supported");
+  if (r.boolean("apply_residual_connection_post_layernorm", false))
+    throw Error(path, "apply_residual_connection_post_layernorm", "true is not supported");
+  if (!r.boolean("post_layer_norm", true)) throw Error(path, "post_layer_norm", "false (no final norm) is not supported");
+  if (r.boolean("add_bias_linear", false)) throw Error(path, "add_bias_linear", "true (dense and MLP biases) is not supported");
+  if (!r.boolean("original_rope", true)) throw Error(path, "original_rope", "false is not supported");
+  if (r.has("rope_scaling")) throw Error(path, "rope_scaling", "is not supported for chatglm (rope_ratio scales the base)");
+}
 }  // namespace
 
 ModelConfig parse_hf_config(const std::string& path) {
@@ -299,6 +338,11 @@ ModelConfig parse_hf_config(const std::string& path) {
   const ConfigReader r(j, path);
   ModelConfig c;
   c.architecture = architecture_of(r, j, path);
+  if (c.architecture == "chatglm") {
+    parse_chatglm_config(r, path, &c);
+    return c;
+  }
+  const bool glm = c.architecture == "glm" || c.architecture == "glm4";
   c.hidden_size = r.positive_int("hidden_size");
   c.n_layers = r.positive_int("num_hidden_layers");
   c.n_heads = r.positive_int("num_attention_heads");
@@ -315,18 +359,28 @@ ModelConfig parse_hf_config(const std::string& path) {
   c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
   c.bos_id = r.token_id("bos_token_id", 1);
   c.eos_id = r.token_id("eos_token_id", 2);
-  c.pairing = RopePairing::kSplitHalf;  // HF rotate_half, for every architecture read here
+  // HF rotate_half, except GLM's rotate_half_llm / rotate_every_two: adjacent pairs (2i, 2i+1).
+  c.pairing = glm ? RopePairing::kInterleaved : RopePairing::kSplitHalf;
 
   if (c.n_heads % c.n_kv_heads != 0)
     throw Error(path, "num_key_value_heads", std::to_string(c.n_kv_heads) +
                                                  " does not divide num_attention_heads " + std::to_string(c.n_heads));
   if (c.head_dim % 2 != 0) throw Error(path, "head_dim", std::to_string(c.head_dim) + " is odd");
 
-  const double factor = r.positive_number("partial_rotary_factor", 1.0);
-  if (factor > 1.0) throw Error(path, "partial_rotary_factor", std::to_string(factor) + " is above 1");
+  // transformers 5 moves partial_rotary_factor into rope_parameters.
+  const bool in_params = !r.has("partial_rotary_factor") && j.contains("rope_parameters") &&
+                         j["rope_parameters"].is_object() && j["rope_parameters"].contains("partial_rotary_factor");
+  const char* factor_key = in_params ? "rope_parameters.partial_rotary_factor" : "partial_rotary_factor";
+  double factor = glm ? 0.5 : 1.0;
+  if (in_params || r.has("partial_rotary_factor")) {
+    const json& v = in_params ? j["rope_parameters"]["partial_rotary_factor"] : j["partial_rotary_factor"];
+    if (!v.is_number() || !(v.get<double>() > 0)) throw Error(path, factor_key, "expected a positive number, found " + v.dump());
+    factor = v.get<double>();
+  }
+  if (factor > 1.0) throw Error(path, factor_key, std::to_string(factor) + " is above 1");
   c.rotary_dim = static_cast<int>(c.head_dim * factor);
   if (c.rotary_dim < 2 || c.rotary_dim % 2 != 0)
-    throw Error(path, "partial_rotary_factor",
+    throw Error(path, factor_key,
                 std::to_string(factor) + " gives rotary dim " + std::to_string(c.rotary_dim) +
                     " for head_dim " + std::to_string(c.head_dim) + " (must be even and >= 2)");
 

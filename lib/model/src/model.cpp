@@ -174,8 +174,15 @@ void layer_step(const ModelConfig& c, const LayerWeights& L, int l, Workspace& w
     attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent);
   else
     attention(ws, B, T, c, c.window_of(l));
-  if (L.bo.defined()) x.add_(L.bo);
-  x.addmm_(ws.attn, L.wo.t());
+  if (L.post_attn_norm.defined()) {  // GLM-4-0414: x += norm(o_proj(attn)); ws.h is free here
+    at::mm_out(ws.h, ws.attn, L.wo.t());
+    if (L.bo.defined()) ws.h.add_(L.bo);
+    rms_norm(ws.h, L.post_attn_norm, c.rms_norm_eps, ws.h);  // row-wise: read, then write
+    x.add_(ws.h);
+  } else {
+    if (L.bo.defined()) x.add_(L.bo);
+    x.addmm_(ws.attn, L.wo.t());
+  }
 
   rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
   if (L.router.defined()) {
@@ -184,7 +191,13 @@ void layer_step(const ModelConfig& c, const LayerWeights& L, int l, Workspace& w
     at::mm_out(ws.gate_up, ws.h, L.w_gate_up.t());
     at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
     ws.act.mul_(ws.gate_up.narrow(1, I, I));
-    x.addmm_(ws.act, L.w_down.t());
+    if (L.post_mlp_norm.defined()) {  // x += norm(mlp(...)); ws.h was consumed by gate_up
+      at::mm_out(ws.h, ws.act, L.w_down.t());
+      rms_norm(ws.h, L.post_mlp_norm, c.rms_norm_eps, ws.h);
+      x.add_(ws.h);
+    } else {
+      x.addmm_(ws.act, L.w_down.t());
+    }
   }
 }
 
@@ -297,6 +310,7 @@ int64_t layer_fp32_bytes(const ModelConfig& c, int l) {
   if (c.qkv_bias) n += qd + 2 * kvd;
   if (c.o_bias) n += D;
   if (c.qk_norm) n += 2 * d;
+  if (c.sandwich_norm) n += 2 * D;
   if (c.is_moe_layer(l))
     n += int64_t(c.n_experts) * D + int64_t(c.n_experts) * 3 * int64_t(c.moe_intermediate_size) * D;
   else

@@ -21,6 +21,7 @@ struct LayerWeights {
   at::Tensor w_gate_up;  // [2 I, D]: gate rows then up rows
   at::Tensor w_down;     // [D, I]
   at::Tensor q_norm, k_norm;  // [head_dim] (Qwen3 q/k RMSNorm) or undefined
+  at::Tensor post_attn_norm, post_mlp_norm;  // [D] (GLM-4-0414 sandwich norms) or undefined
   // MoE layers (w_gate_up / w_down undefined): router [E, D]; expert e's [2 I_e, D] and [D, I_e].
   at::Tensor router;
   std::vector<at::Tensor> expert_gate_up, expert_down;

@@ -36,7 +36,9 @@ struct RopeParams {
 };
 
 struct ModelConfig {
-  std::string architecture;  // HF model_type (llama, mistral, qwen2, qwen3, qwen3_moe, mixtral) or "llama2c"
+  // HF model_type (llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, chatglm, glm, glm4) or "llama2c".
+  // The GLM-4 forms share one forward: partial interleaved RoPE, q/k/v bias, fused gate|up.
+  std::string architecture;
   int hidden_size = 0;
   int n_layers = 0;
   int n_heads = 0;
@@ -61,6 +63,9 @@ struct ModelConfig {
   // Qwen3 / Qwen3-MoE: RMSNorm over head_dim (one [head_dim] weight shared by the heads, eps
   // rms_norm_eps) on q and k after the projection and before RoPE; captured q/k are the normed ones.
   bool qk_norm = false;
+  // GLM-4-0414 (glm4): RMSNorm (eps rms_norm_eps) on the attention and the MLP outputs before each
+  // residual add ("sandwich" norms: post_self_attn_layernorm, post_mlp_layernorm).
+  bool sandwich_norm = false;
   // [n_layers] or empty (full causal attention everywhere). W > 0: query i sees keys j with
   // i - W < j <= i (HF's `sliding_window`: the W most recent tokens, itself included); 0: full.
   std::vector<int> layer_window;
