@@ -385,6 +385,7 @@ TEST(Tiktoken, BadInputsTable) {
       {"special_no_content", good, R"({"added_tokens_decoder": {"300": {"id": 1}}})",
        {"tokenizer_config.json", "added_tokens_decoder[\"300\"]", "content"}},
       {"bos_unknown", good, R"({"bos_token": "<s>"})", {"tokenizer_config.json", "bos_token", "\"<s>\""}},
+      {"first_line_rank", "QUJD one\n" + good, "", {"line 1", "rank 'one'"}},
       {"config_json", good, "{nope", {"tokenizer_config.json", "not valid JSON"}},
   };
   for (const auto& c : cases) {

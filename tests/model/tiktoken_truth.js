@@ -2,6 +2,7 @@
 // the cl100k_base ranks (scripts/node-truth installs it).
 //   node tiktoken_truth.js --write-ranks OUT     -> OUT: cl100k_base as a ranks file ("base64 rank" lines)
 //   node tiktoken_truth.js REQUEST.json          -> {"ids": [[...], ...]} on stdout
+//   node tiktoken_truth.js --bench FILE REPEATS  -> {"bytes":..,"tokens":..,"seconds":..} (best of REPEATS)
 // REQUEST: {"special": bool (true: special-token strings become their ids, as kvq's
 // --special-tokens special; false: plain text), "items": [{"text": s} | {"file": path}]}.
 // Files are read as UTF-8 (invalid bytes -> U+FFFD). Needs NODE_PATH to hold the npm cache's node_modules.
@@ -26,6 +27,20 @@ function main() {
     lines.sort((a, b) => a[0] - b[0]);
     fs.writeFileSync(argv[1], lines.map(([r, t]) => t + ' ' + r).join('\n') + '\n');
     process.stdout.write(JSON.stringify({ ranks: lines.length, pat_str: ranks.pat_str, special_tokens: ranks.special_tokens }) + '\n');
+    return;
+  }
+  if (argv[0] === '--bench') {
+    const enc = new Tiktoken(ranks);
+    const text = fs.readFileSync(argv[1], 'utf8');
+    const bytes = Buffer.byteLength(text, 'utf8');
+    enc.encode(text.slice(0, 1000));  // warm-up
+    let best = Infinity, n = 0;
+    for (let r = 0; r < Number(argv[2] || 3); ++r) {
+      const t0 = process.hrtime.bigint();
+      n = enc.encode(text, 'all').length;
+      best = Math.min(best, Number(process.hrtime.bigint() - t0) / 1e9);
+    }
+    process.stdout.write(JSON.stringify({ bytes, tokens: n, seconds: best }) + '\n');
     return;
   }
   const req = JSON.parse(fs.readFileSync(argv[0], 'utf8'));

@@ -73,8 +73,10 @@ bool looks_like_tiktoken(const std::string& bytes) {
     const char c = line[i];
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '/' && c != '=') return false;
   }
+  if (sp % 4 != 0) return false;
+  // The rank is checked by the reader, so that "QUJD x" fails as a tiktoken file naming its line.
   for (size_t i = sp + 1; i < line.size(); ++i)
-    if (!std::isdigit(static_cast<unsigned char>(line[i])) && !(line[i] == '\r' && i + 1 == line.size())) return false;
+    if (std::isspace(static_cast<unsigned char>(line[i])) && !(line[i] == '\r' && i + 1 == line.size())) return false;
   return true;
 }
 
