@@ -290,8 +290,8 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   try {
     return std::make_unique<SentencePieceTokenizer>(path, bytes);
   } catch (const Error&) {
-    throw Error(path, "", "not a tokenizer kvq reads; tried a Hugging Face tokenizer.json, a tiktoken ranks file "
-                          "(\"base64 rank\" lines), a llama2.c tokenizer.bin and a SentencePiece model");
+    throw Error(path, "", "neither a Hugging Face tokenizer.json, a tiktoken ranks file (\"base64 rank\" lines), "
+                          "a llama2.c tokenizer.bin nor a SentencePiece model (tried all four)");
   }
 }
 
