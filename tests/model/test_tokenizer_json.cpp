@@ -200,6 +200,12 @@ TEST(TokenizerJsonTruth, DeepSeekV3Corpora) {
   REQUIRE_DEEPSEEK();
   KVQ_REQUIRE_SHARED("corpora/wikitext2-train-sample.txt");
   compare_file("deepseek_v3", test::shared_path("corpora/wikitext2-train-sample.txt"));
+  // tokenizer_config.json: add_bos_token true, <｜begin▁of▁sentence｜> is id 0 (transformers adds it;
+  // the file's own post-processor, which HF's Node bindings apply, does not).
+  auto tok = Tokenizer::load(lenml_tokenizer("deepseek_v3"));
+  EXPECT_TRUE(tok->adds_bos());
+  EXPECT_EQ(tok->bos_id(), 0);
+  EXPECT_EQ(tok->decode({0}), "<\uff5cbegin\u2581of\u2581sentence\uff5c>");
   if (std::system("command -v bible >/dev/null 2>&1") != 0) GTEST_SKIP() << "KJV part needs the bible-kjv package";
   const fs::path dir = temp_dir("kjv_ds");
   const std::string file = (dir / "kjv.txt").string();
