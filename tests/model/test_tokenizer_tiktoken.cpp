@@ -426,6 +426,18 @@ TEST(Tiktoken, Llama3OriginalLayout) {
   fs::remove_all(dir);
 }
 
+// \s is Unicode White_Space (as in tiktoken's and Hugging Face's regex engines): U+2003 EM SPACE
+// is, U+180E MONGOLIAN VOWEL SEPARATOR is not (since Unicode 6.3; PCRE2's own \s still takes it).
+// So "\u180e!" is one " ?[^\s\p{L}\p{N}]+" piece and merges whole, "\u2003!" is two pieces.
+TEST(Tiktoken, WhiteSpaceIsUnicodeWhiteSpace) {
+  const fs::path dir = temp_dir("ws");
+  // ranks 256.. : E1 A0, U+180E, U+180E "!", E2 80, U+2003, U+2003 "!"
+  auto tok = tiny(dir, {"\xe1\xa0", "\xe1\xa0\x8e", "\xe1\xa0\x8e!", "\xe2\x80", "\xe2\x80\x83", "\xe2\x80\x83!"});
+  EXPECT_EQ(tok->encode("\xe1\xa0\x8e!"), (std::vector<int>{258}));
+  EXPECT_EQ(tok->encode("\xe2\x80\x83!"), (std::vector<int>{260, '!'}));
+  fs::remove_all(dir);
+}
+
 // Which regex splits: exactly 100256 ranks and no tokenizer_config.json is cl100k_base, whose
 // contractions are spelled out; with a tokenizer_config.json the same ranks take Llama-3's / GLM-4's
 // (?i:'s|...), under which "'ſ" is a contraction (ſ, U+017F, case-folds to s). With "ſt" a rank,
