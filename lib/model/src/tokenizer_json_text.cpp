@@ -124,7 +124,7 @@ namespace {
 // Unicode White_Space, as \s means in Rust's regex crates, Oniguruma and tiktoken. PCRE2's \s under
 // UCP also takes U+180E (its fixed horizontal-space list predates Unicode 6.3), which split
 // DeepSeek-V3's " \u180e" differently from Hugging Face.
-constexpr const char* kWhiteSpace = "\\t\\n\\x{0b}\\f\\r \\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}";
+constexpr const char* kWhiteSpace = "\\t\\n\\x{0b}\\f\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}";
 
 // \s and \S spelled out as White_Space classes (inside a class: the bare list; \S inside a class,
 // which cannot be spelled that way, is left to PCRE2).
