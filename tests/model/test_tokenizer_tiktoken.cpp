@@ -102,17 +102,24 @@ int run_node(const std::vector<std::string>& args, const std::string& out, const
 }
 
 // cl100k_base from js-tiktoken as a ranks file, written once per process.
-const std::string& cl100k_ranks() {
-  static const std::string path = [] {
-    const fs::path dir = temp_dir("cl100k");
+// The directory goes when the process exits (a static's destructor).
+struct Cl100kFile {
+  fs::path dir;
+  std::string path;  // "" when node failed
+  Cl100kFile() : dir(temp_dir("cl100k")) {
     const std::string p = (dir / "cl100k_base.tiktoken").string();
-    const int rc = run_node({"--write-ranks", p}, (dir / "info.json").string());
-    if (rc != 0) return std::string();
+    if (run_node({"--write-ranks", p}, (dir / "info.json").string()) != 0) return;
     const json info = json::parse(test::read_bytes((dir / "info.json").string()));
-    if (info["ranks"] != 100256) return std::string();
-    return p;
-  }();
-  return path;
+    if (info["ranks"] == 100256) path = p;
+  }
+  ~Cl100kFile() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+const std::string& cl100k_ranks() {
+  static const Cl100kFile f;
+  return f.path;
 }
 
 struct Item {
