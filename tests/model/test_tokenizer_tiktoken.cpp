@@ -492,6 +492,9 @@ TEST(Tiktoken, BadInputsTable) {
       {"special_no_content", good, R"({"added_tokens_decoder": {"300": {"id": 1}}})",
        {"tokenizer_config.json", "added_tokens_decoder[\"300\"]", "content"}},
       {"bos_unknown", good, R"({"bos_token": "<s>"})", {"tokenizer_config.json", "bos_token", "\"<s>\""}},
+      {"sparse_ranks", good + "QUJD 16000000\n", "", {"rank 16000000", "ids without a token"}},
+      {"special_far_away", good, R"({"added_tokens_decoder": {"9000000": {"content": "<x>"}}})",
+       {"tokenizer_config.json", "9000000", "special token id outside"}},
       {"first_line_rank", "QUJD one\n" + good, "", {"line 1", "rank 'one'"}},
       {"config_json", good, "{nope", {"tokenizer_config.json", "not valid JSON"}},
   };

@@ -29,6 +29,7 @@ namespace {
 using tokjson::json;
 
 constexpr int kLlama3Ranks = 128000, kCl100kRanks = 100256;
+constexpr int kMaxHoles = 1 << 16;  // ids past the ranks without a token (specials sit right after them)
 
 // Strict RFC 4648 base64 (standard alphabet, '=' padding to a multiple of 4); false on anything else.
 bool base64_decode(std::string_view s, std::string* out) {
@@ -159,6 +160,12 @@ class TiktokenTokenizer : public Tokenizer {
     }
     if (tokens.empty()) throw Error(path_, "", "no \"base64 rank\" lines");
     n_ranks_ = int(tokens.size());
+    // Real files number their tokens 0..n-1; a few holes are tolerated, not a 13-byte file that
+    // would allocate 2^24 ids.
+    if (max_rank >= n_ranks_ + kMaxHoles)
+      throw Error(path_, "rank " + std::to_string(max_rank),
+                  "leaves " + std::to_string(max_rank + 1 - n_ranks_) + " ids without a token (" +
+                      std::to_string(n_ranks_) + " lines; at most " + std::to_string(kMaxHoles) + " holes)");
     bytes_of_.assign(size_t(max_rank) + 1, std::string());
     has_id_.assign(size_t(max_rank) + 1, 0);
     for (auto& [tok, rank] : tokens) {
@@ -189,7 +196,9 @@ class TiktokenTokenizer : public Tokenizer {
   }
 
   void add_special(const std::string& content, int id, const std::string& where) {
-    if (id < 0 || id >= (1 << 24)) throw Error(where, "", "special token id " + std::to_string(id) + " outside [0, 2^24)");
+    if (id < 0 || id >= n_ranks_ + kMaxHoles)
+      throw Error(where, std::to_string(id), "special token id outside [0, " + std::to_string(n_ranks_ + kMaxHoles) +
+                                                 ") (the ranks number " + std::to_string(n_ranks_) + ")");
     if (content.empty()) throw Error(where, std::to_string(id), "empty special-token content");
     if (size_t(id) >= bytes_of_.size()) {
       bytes_of_.resize(size_t(id) + 1);
