@@ -36,7 +36,8 @@ int main(int argc, char** argv) {
                  "(atomically)");
   app.footer(
       "BOS rule: SentencePiece and llama2.c always prepend BOS; tokenizer.json prepends it when its post-processor "
-      "template starts with a special token or tokenizer_config.json beside it sets add_bos_token (Qwen: none).\n"
+      "template starts with a special token or tokenizer_config.json beside it sets add_bos_token (Qwen: none); "
+      "GLM-4's tiktoken tokenizer.model prepends [gMASK] <sop>; Meta's Llama-3 original/tokenizer.model <|begin_of_text|>.\n"
       "Exit codes: 0 ok, 2 bad input (one line naming file, field and value), 3 internal error.");
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
@@ -56,7 +57,7 @@ int main(int argc, char** argv) {
     const std::string text = text_file.empty() ? text_string : kvq::read_file(text_file);
     int matched = 0;
     std::vector<int> ids = no_bos ? tok->encode(text, mode, &matched) : tok->encode_with_bos(text, mode, &matched);
-    const bool bos_added = !no_bos && tok->adds_bos();
+    const bool bos_added = !no_bos && !tok->prefix_ids().empty();  // the BOS, or GLM-4's [gMASK] <sop>
     std::string line;
     for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
     std::printf("%s\n", line.c_str());

@@ -75,6 +75,19 @@ copy("tokenizer", os.path.join(shared, "models", "stories260K", "tok512.bin"))
 pieces = [b"<unk>", b"<s>", b"</s>"] + [b"<0x%02X>" % i for i in range(256)] + [b" ", b"a", b"b", b"ab", b" a", b"\xc3\xa9"]
 put("tokenizer", "tiny.bin", struct.pack("<i", 6) + b"".join(struct.pack("<fi", -float(i), len(p)) + p for i, p in enumerate(pieces)))
 
+# tiktoken ranks files: every byte then a few merges; alone, and with a GLM-4 tokenizer_config.json
+# after fuzz_tiktoken's mark.
+import base64
+def ranks(merged):
+    toks = [bytes([b]) for b in range(256)] + merged
+    return b"".join(base64.b64encode(t) + b" %d\n" % i for i, t in enumerate(toks))
+put("tiktoken", "bytes.tiktoken", ranks([b"ab", b"abc", b" a", b"aa", b"\xc5\xbf", b"\xc5\xbft"]))
+glm = {"tokenizer_class": "ChatGLM4Tokenizer", "eos_token": "<|endoftext|>",
+       "added_tokens_decoder": {str(262 + i): {"content": c, "special": True}
+                                for i, c in enumerate(["<|endoftext|>", "[gMASK]", "<sop>", "<|user|>"])}}
+put("tiktoken", "glm.tiktoken", ranks([b"ab", b"abc", b" a", b"aa", b"he", b"llo"]) +
+    b"\n#kvq-tokenizer-config\n" + json.dumps(glm).encode())
+
 # corpus text
 copy("corpus", os.path.join(demo, "psalm23.txt"))
 put("corpus", "mixed.txt", "h\u00e9llo \u20ac \U0001F600\n".encode() + b"bad \xc0\xaf \xed\xa0\x80 \xf4\x90\x80\x80 \xe2\x82")

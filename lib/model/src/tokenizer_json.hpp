@@ -10,8 +10,8 @@ class Tokenizer;  // kvq/model/tokenizer.hpp; declared only, so this header sits
 
 // True when `bytes` look like a JSON object (first non-blank byte '{').
 bool looks_like_tokenizer_json(const std::string& bytes);
-// True when the first line reads "<base64> <rank>", as tiktoken ranks files (Meta's
-// original/tokenizer.model) do.
+// True when the first line reads "<base64> <word>" (base64 characters, a multiple of 4), as
+// tiktoken ranks files ("base64 rank" lines: GLM-4's tokenizer.model, Meta's original/) do.
 bool looks_like_tiktoken(const std::string& bytes);
 
 // Parses tokenizer.json (and tokenizer_config.json beside it, when present, for the BOS rule).

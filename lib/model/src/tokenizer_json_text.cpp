@@ -73,8 +73,10 @@ bool looks_like_tiktoken(const std::string& bytes) {
     const char c = line[i];
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '+' && c != '/' && c != '=') return false;
   }
+  if (sp % 4 != 0) return false;
+  // The rank is checked by the reader, so that "QUJD x" fails as a tiktoken file naming its line.
   for (size_t i = sp + 1; i < line.size(); ++i)
-    if (!std::isdigit(static_cast<unsigned char>(line[i])) && !(line[i] == '\r' && i + 1 == line.size())) return false;
+    if (std::isspace(static_cast<unsigned char>(line[i])) && !(line[i] == '\r' && i + 1 == line.size())) return false;
   return true;
 }
 
@@ -117,8 +119,64 @@ bool byte_level_to_raw(const std::string& tok, std::string* raw) {
   return true;
 }
 
-std::unique_ptr<Regex> compile_regex(const std::string& pattern, bool literal, const std::string& file,
+namespace {
+
+// Unicode White_Space, as \s means in Rust's regex crates, Oniguruma and tiktoken. PCRE2's \s under
+// UCP also takes U+180E (its fixed horizontal-space list predates Unicode 6.3), which split
+// DeepSeek-V3's " \u180e" differently from Hugging Face.
+constexpr const char* kWhiteSpace = "\\t\\n\\x{0b}\\f\\r\\x{20}\\x{85}\\x{a0}\\x{1680}\\x{2000}-\\x{200a}\\x{2028}\\x{2029}\\x{202f}\\x{205f}\\x{3000}";
+
+// \s and \S spelled out as White_Space classes (inside a class: the bare list; \S inside a class,
+// which cannot be spelled that way, is left to PCRE2).
+std::string white_space_classes(const std::string& p) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < p.size(); ++i) {
+    const char c = p[i];
+    if (c == '\\' && i + 1 < p.size()) {
+      const char e = p[i + 1];
+      ++i;
+      if (e == 's') {
+        out += in_class ? std::string(kWhiteSpace) : "[" + std::string(kWhiteSpace) + "]";
+      } else if (e == 'S' && !in_class) {
+        out += "[^" + std::string(kWhiteSpace) + "]";
+      } else if (e == 'Q') {  // \Q...\E is literal: copy it through
+        const size_t end = p.find("\\E", i + 1);
+        const size_t stop = end == std::string::npos ? p.size() : end + 2;
+        out.append(p, i - 1, stop - (i - 1));
+        i = stop - 1;
+      } else {
+        out.push_back(c);
+        out.push_back(e);
+      }
+      continue;
+    }
+    if (!in_class && c == '[') {
+      in_class = true;
+      out.push_back(c);
+      if (i + 1 < p.size() && p[i + 1] == '^') out.push_back(p[++i]);
+      if (i + 1 < p.size() && p[i + 1] == ']') out.push_back(p[++i]);  // a leading ']' is literal
+      continue;
+    }
+    if (in_class && c == '[' && i + 1 < p.size() && p[i + 1] == ':') {  // [:alpha:] inside a class
+      const size_t end = p.find(":]", i + 2);
+      if (end != std::string::npos) {
+        out.append(p, i, end + 2 - i);
+        i = end + 1;
+        continue;
+      }
+    }
+    if (in_class && c == ']') in_class = false;
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::unique_ptr<Regex> compile_regex(const std::string& given, bool literal, const std::string& file,
                                      const std::string& field) {
+  const std::string pattern = literal ? given : white_space_classes(given);
   int err = 0;
   PCRE2_SIZE off = 0;
   auto r = std::make_unique<Regex>();
@@ -126,10 +184,14 @@ std::unique_ptr<Regex> compile_regex(const std::string& pattern, bool literal, c
   const uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   r->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), opts, &err, &off, nullptr);
   if (!r->code) {
+    if (pattern != given) {  // report the error and its offset in the pattern as the file wrote it
+      pcre2_code* raw = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(given.data()), given.size(), opts, &err, &off, nullptr);
+      if (raw) pcre2_code_free(raw);
+    }
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof msg);
     throw Error(file, field, "invalid regex at offset " + std::to_string(off) + ": " +
-                                 reinterpret_cast<const char*>(msg) + " (pattern " + json(pattern).dump() + ")");
+                                 reinterpret_cast<const char*>(msg) + " (pattern " + json(given).dump() + ")");
   }
   r->jit = pcre2_jit_compile(r->code, PCRE2_JIT_COMPLETE) == 0;
   return r;

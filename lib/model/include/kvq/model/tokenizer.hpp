@@ -20,7 +20,7 @@ class Tokenizer {
   // encode() with the special-token mode; *special_matched (when non-null) receives how many
   // special-token strings of the text became special ids (0 with kText or without specials).
   virtual std::vector<int> encode(const std::string& text, SpecialTokens mode, int* special_matched) const;
-  // The model's rule applied: bos_id() first when adds_bos(), then encode(text, mode, ...).
+  // The model's rule applied: prefix_ids() first, then encode(text, mode, ...).
   std::vector<int> encode_with_bos(const std::string& text, SpecialTokens mode = SpecialTokens::kSpecial,
                                    int* special_matched = nullptr) const;
   virtual std::string decode(const std::vector<int>& ids) const = 0;
@@ -30,12 +30,16 @@ class Tokenizer {
   // Whether the model's sequences start with bos_id(). SentencePiece and llama2.c: always;
   // tokenizer.json: its post-processor template or tokenizer_config.json's add_bos_token (Qwen: no).
   virtual bool adds_bos() const { return true; }
+  // The ids every sequence starts with: {bos_id()} when adds_bos(), else none; GLM-4's tiktoken
+  // tokenizer: [gMASK] <sop> (and adds_bos() false).
+  virtual std::vector<int> prefix_ids() const;
   const std::string& path() const { return path_; }
   const std::string& sha256() const { return sha256_; }
 
-  // Chosen by content: Hugging Face tokenizer.json (byte-level BPE), SentencePiece
-  // tokenizer.model or llama2.c tokenizer.bin. A tiktoken ranks file (Meta's
-  // original/tokenizer.model) is refused with a message that says so.
+  // Chosen by content: Hugging Face tokenizer.json (byte-level BPE), a tiktoken ranks file
+  // (GLM-4's tokenizer.model, Meta's Llama-3 original/tokenizer.model; see tokenizer_tiktoken.hpp),
+  // SentencePiece tokenizer.model or llama2.c tokenizer.bin. Anything else: one line naming the
+  // formats tried.
   static std::unique_ptr<Tokenizer> load(const std::string& path);
   // The tokenizer that belongs to a model path: for HF directories <dir>/tokenizer.json when it
   // exists, else <dir>/tokenizer.model; for a llama2.c .bin, tokenizer.bin or tok<vocab>.bin beside it.
