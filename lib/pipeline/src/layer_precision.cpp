@@ -92,15 +92,18 @@ LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std:
           for (int i = 0; i < d; ++i) Q(t * G + j, i) = row[size_t(i)];
         }
       const Mat K = to_mat(x[0], n, d), V = to_mat(x[1], n, d);
-      Mat P = Q * K.transpose() * inv_sqrt_d;
+      const Mat S = Q * K.transpose() * inv_sqrt_d;  // logits [queries][keys]
+      Mat P = S;
       softmax_rows(P);
       const Mat O = P * V;
-      const double rows = double(Q.rows());
+      // The output's mean energy per query; a head whose attention output is exactly 0 has no
+      // relative error to speak of, and then the absolute one is used.
+      const double o_energy = O.squaredNorm() / double(Q.rows());
+      const double v_norm = o_energy > 0 ? o_energy : 1.0;
       for (size_t f = 0; f < F; ++f) {
-        Mat Ph = Q * to_mat(coded[0][f], n, d).transpose() * inv_sqrt_d;
-        softmax_rows(Ph);
-        out.k[head * F + f] = (Ph * V - O).squaredNorm() / rows;
-        out.v[head * F + f] = (P * (to_mat(coded[1][f], n, d) - V)).squaredNorm() / rows;
+        const Mat Sh = Q * to_mat(coded[0][f], n, d).transpose() * inv_sqrt_d;
+        out.k[head * F + f] = (Sh - S).squaredNorm() / (double(Q.rows()) * double(n));
+        out.v[head * F + f] = (P * (to_mat(coded[1][f], n, d) - V)).squaredNorm() / double(Q.rows()) / v_norm;
       }
     }
   return out;

@@ -19,11 +19,11 @@ struct LayerPrecisionCosts {
 //  mse:       the mean over rows of ||x - x^||^2;
 //  attention: with the group's query heads at the first min(n, kNormCorrectionQueries) rows as
 //             queries (post-RoPE at their positions) and all n rows as keys and values (every
-//             pair, as choose_norm_correction), P = softmax(q K^T / sqrt(d)) per query:
-//             K: the keys' logit error carried to the attention output, ||softmax(q K^^T/sqrt(d)) V
-//                - P V||^2 (values exact);
-//             V: the attention-output error of the values, ||P (V^ - V)||^2 (keys exact);
-//             both the mean over queries, so K and V costs are in the same units and add.
+//             pair, as choose_norm_correction), logits s = q k / sqrt(d), P = softmax over the keys:
+//             K: the mean over (query, key) pairs of the squared logit error (q (k^ - k) / sqrt(d))^2;
+//             V: the attention-output error of the values relative to the output,
+//                mean_q ||P (V^ - V)||^2 / mean_q ||P V||^2 (keys exact; absolute if P V is 0).
+//             Both are dimensionless, so a layer's K and V costs add.
 LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std::vector<MinifloatFormat>& formats,
                                                   double margin, bool attention, int measure_tokens,
                                                   const std::string& calib_path);
