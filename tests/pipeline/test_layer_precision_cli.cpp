@@ -11,7 +11,10 @@
 #include <tuple>
 #include <nlohmann/json.hpp>
 
+#include "kvq/codec/attention.hpp"
+#include "kvq/codec/codec.hpp"
 #include "kvq/format/coding_kinds.hpp"
+#include "kvq/io/calib_file.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/util/error.hpp"
 #include "pipeline_fixture.hpp"
@@ -273,6 +276,92 @@ TEST(LayerPrecisionCli, ObjectiveAndPerSideFlags) {
     EXPECT_EQ(h.minifloat, h.side == kvq::Side::kK ? kvq::MinifloatFormat::kFp8E4M3 : kvq::MinifloatFormat::kNvfp4);
   EXPECT_EQ(a.params["objective"], "attention");
   EXPECT_EQ(a.params["formats"], "fp8_k_nvfp4_v");
+}
+
+// Each head's figure in the allocation file is its cost in the chosen format, recomputed here from
+// the formulas on the calibration reservoir (rows, RoPE and the head's coding as the file says):
+// K: mean over (query, key) of (q.(k^ - k)/sqrt(d))^2 over the KV head's query heads (gqa_map) at the
+// first 128 rows and all n keys; V: mean_q ||sum_s p_qs (v^_s - v_s)||^2 / mean_q ||sum_s p_qs v_s||^2;
+// mse: mean over rows of ||x^ - x||^2.
+TEST(LayerPrecisionCli, HeadCostsAreTheObjectivesFormulas) {
+  const std::string cal = demo_cal();
+  if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
+  const kvq::CalibFile c = kvq::read_calib(cal);
+  const auto& p = c.prov;
+  const int L = p.n_layers, H = p.n_kv_heads, NQ = p.n_heads, d = p.head_dim;
+  const int64_t n = std::min<int64_t>(c.reservoir.size(), 1024), nq = std::min<int64_t>(n, 128);
+  kvq::codec::RopeSpec rope;
+  rope.enabled = true;
+  rope.theta = p.rope_theta;
+  rope.rotary_dim = p.rotary_dim;
+  rope.pairing = p.pairing;
+  rope.inv_freq = p.rope_inv_freq;
+  rope.attention_factor = p.rope_attention_factor;
+  auto row = [&](const kvq::payload::FloatVector& src, int64_t t, int l, int head, int heads, bool rotate) {
+    std::vector<float> x(static_cast<size_t>(d));
+    const size_t at = ((size_t(t) * size_t(L) + size_t(l)) * size_t(heads) + size_t(head)) * size_t(d);
+    for (int i = 0; i < d; ++i) x[size_t(i)] = src[at + size_t(i)];
+    if (rotate) kvq::codec::reference_apply_rope(x.data(), d, c.reservoir.source[size_t(2 * t + 1)], rope);
+    return x;
+  };
+  for (const std::string objective : {"attention", "mse"}) {
+    const auto a = kvq::read_alloc(kvq::test::pipeline::allocate(
+        cal, "--method layer-precision --bpd 6.25 --formats fp8,nvfp4,fp8_k_nvfp4_v --objective " + objective,
+        "lpc_" + objective));
+    ASSERT_EQ(a.heads.size(), size_t(2 * L * H));
+    for (const auto& dec : a.heads) {
+      SCOPED_TRACE(objective + " layer " + std::to_string(dec.layer) + " head " + std::to_string(dec.kv_head));
+      const int l = dec.layer, h = dec.kv_head;
+      std::vector<float> k, v, kh, vh;
+      for (int64_t t = 0; t < n; ++t) {
+        const auto kr = row(c.reservoir.k, t, l, h, H, true), vr = row(c.reservoir.v, t, l, h, H, false);
+        k.insert(k.end(), kr.begin(), kr.end());
+        v.insert(v.end(), vr.begin(), vr.end());
+      }
+      const bool k_side = dec.side == kvq::Side::kK;
+      std::vector<float>& x = k_side ? k : v;
+      std::vector<float> y(x.size());
+      kvq::codec::HeadCodec(dec, d).round_trip(x.data(), int(n), y.data());
+      double want = 0;
+      if (objective == "mse") {
+        for (size_t i = 0; i < x.size(); ++i) want += double(y[i] - x[i]) * double(y[i] - x[i]);
+        want /= double(n);
+      } else {
+        double err = 0, energy = 0, count = 0;
+        for (int qh = 0; qh < NQ; ++qh) {
+          if (p.gqa_map[size_t(qh)] != h) continue;
+          for (int64_t t = 0; t < nq; ++t) {
+            const auto q = row(c.reservoir.q, t, l, qh, NQ, true);
+            std::vector<double> s(static_cast<size_t>(n)), e(static_cast<size_t>(n));
+            for (int64_t j = 0; j < n; ++j)
+              for (int i = 0; i < d; ++i) {
+                s[size_t(j)] += double(q[size_t(i)]) * k[size_t(j * d + i)] / std::sqrt(double(d));
+                e[size_t(j)] += double(q[size_t(i)]) * (double(y[size_t(j * d + i)]) - x[size_t(j * d + i)]) / std::sqrt(double(d));
+              }
+            count += 1;
+            if (k_side) {
+              for (double ej : e) err += ej * ej / double(n);
+              continue;
+            }
+            const double mx = *std::max_element(s.begin(), s.end());
+            double z = 0;
+            for (double& sj : s) z += (sj = std::exp(sj - mx));
+            for (int i = 0; i < d; ++i) {
+              double o = 0, de = 0;
+              for (int64_t j = 0; j < n; ++j) {
+                o += s[size_t(j)] / z * v[size_t(j * d + i)];
+                de += s[size_t(j)] / z * (double(y[size_t(j * d + i)]) - v[size_t(j * d + i)]);
+              }
+              energy += o * o;
+              err += de * de;
+            }
+          }
+        }
+        want = k_side ? err / count : err / energy;
+      }
+      EXPECT_NEAR(dec.predicted_distortion, want, 1e-7 * want);
+    }
+  }
 }
 
 }  // namespace
