@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +17,7 @@
 #include <set>
 #include <tuple>
 
+#include "kvq/export/modelopt.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
 #include "kvq/model/model.hpp"
@@ -106,22 +108,26 @@ json read_independently(const std::string& dir) {
   return r.status == 0 ? json::parse(kvq::read_file(out)) : json();
 }
 
-// Every tensor of every safetensors file is in the index exactly once, under the file holding it.
-void expect_index_complete(const json& j) {
+// Every tensor of every safetensors file is in the index exactly once, under the file holding it,
+// and total_size is their bytes: the problems found, one line each ("" when none).
+std::string index_problems(const json& j) {
+  std::string bad;
   std::map<std::string, std::string> holder;
   uint64_t bytes = 0;
   for (auto f = j["files"].begin(); f != j["files"].end(); ++f)
     for (auto t = f.value().begin(); t != f.value().end(); ++t) {
-      EXPECT_TRUE(holder.emplace(t.key(), f.key()).second) << t.key() << " in two files";
+      if (!holder.emplace(t.key(), f.key()).second) bad += t.key() + " in two files\n";
       bytes += t.value()["bytes"].get<uint64_t>();
     }
-  EXPECT_EQ(j["index"].size(), holder.size());
-  for (const auto& [name, file] : holder) {
-    ASSERT_TRUE(j["index"].contains(name)) << name << " (in " << file << ") not in the index";
-    EXPECT_EQ(j["index"][name], file) << name;
-  }
-  EXPECT_EQ(j["total_size"].get<uint64_t>(), bytes);
+  for (const auto& [name, file] : holder)
+    if (!j["index"].contains(name)) bad += name + " (in " + file + ") not in the index\n";
+    else if (j["index"][name] != file) bad += name + " indexed under " + j["index"][name].dump() + ", held by " + file + "\n";
+  for (auto it = j["index"].begin(); it != j["index"].end(); ++it)
+    if (!holder.count(it.key())) bad += it.key() + " indexed but in no file\n";
+  if (j["total_size"].get<uint64_t>() != bytes) bad += "total_size " + j["total_size"].dump() + " != " + std::to_string(bytes) + "\n";
+  return bad;
 }
+void expect_index_complete(const json& j) { EXPECT_EQ(index_problems(j), ""); }
 
 int validate(const std::string& json_path, const std::string& schema) {
   auto r = run_cmd(
@@ -396,4 +402,84 @@ TEST(ExportModelDir, RefusesAndWritesNothing) {
   expect_refused(kvq_export("vllm --calib " + in.cal + " --copy --out " + out), {"--copy", "needs --model"});
   expect_refused(kvq_export("vllm --model " + in.cal + " --calib " + in.cal + " --out " + out), {"--model", "not a directory"});
   expect_nothing_written(out);
+}
+
+// The checker above catches what it is there for (negative controls on a real reader output).
+TEST(ExportModelDir, IndexCheckerCatchesMissingAndDoubleEntries) {
+  const Inputs& in = inputs();
+  const std::string out = fresh("vllm_dir_control");
+  ASSERT_EQ(kvq_export("vllm -q --model " + kDemo + " --calib " + in.cal + " --out " + out).status, 0);
+  const json j = read_independently(out);
+  if (j.is_null()) GTEST_SKIP() << "needs python3 with numpy (python3-numpy) for the independent reader";
+  json bad = j;
+  bad["index"].erase("model.layers.2.self_attn.v_scale");
+  EXPECT_NE(index_problems(bad).find("model.layers.2.self_attn.v_scale (in kv_scales.safetensors) not in the index"),
+            std::string::npos);
+  bad = j;
+  bad["files"]["model.safetensors"]["model.layers.0.self_attn.k_scale"] = {{"dtype", "F32"}, {"shape", {1}}, {"bytes", 4}};
+  EXPECT_NE(index_problems(bad).find("model.layers.0.self_attn.k_scale in two files"), std::string::npos);
+  EXPECT_NE(index_problems(bad).find("total_size"), std::string::npos);
+  bad = j;
+  bad["index"]["lm_head.weight"] = "kv_scales.safetensors";
+  EXPECT_NE(index_problems(bad).find("lm_head.weight indexed under \"kv_scales.safetensors\", held by model.safetensors"),
+            std::string::npos);
+  EXPECT_EQ(index_problems(j), "");
+}
+
+// hf_quant_config.json for per-side pairs, written out here from ModelOpt's names.
+TEST(ExportModelDir, ModelOptPerSideAlgorithms) {
+  const auto F8 = kvq::MinifloatFormat::kFp8E4M3, F4 = kvq::MinifloatFormat::kNvfp4;
+  auto alloc = [&](const std::vector<std::pair<kvq::MinifloatFormat, kvq::MinifloatFormat>>& layers) {
+    kvq::AllocFile a;
+    a.method = a.v_method = "layer-precision";
+    a.calib.n_layers = int(layers.size());
+    for (kvq::Side side : {kvq::Side::kK, kvq::Side::kV})
+      for (int l = 0; l < int(layers.size()); ++l)
+        for (int h = 0; h < 2; ++h) {
+          kvq::HeadDecision d;
+          d.layer = l;
+          d.kv_head = h;
+          d.side = side;
+          d.kind = kvq::CodingKind::kMinifloat;
+          d.minifloat = side == kvq::Side::kK ? layers[size_t(l)].first : layers[size_t(l)].second;
+          d.scale = 0.25f * float(h + 1);
+          a.heads.push_back(d);
+        }
+    return a;
+  };
+  const json mixed = kvq::exporter::modelopt_config_json(alloc({{F8, F8}, {F8, F4}, {F4, F4}}));
+  EXPECT_EQ(mixed["quantization"],
+            (json{{"quant_algo", nullptr},
+                  {"kv_cache_quant_algo", "MIXED_PRECISION"},
+                  {"kv_cache_quantized_layers",
+                   {{"model.layers.0.self_attn", {{"quant_algo", "FP8"}}},
+                    {"model.layers.1.self_attn", {{"quant_algo", "FP8_K_NVFP4_V"}}},
+                    {"model.layers.2.self_attn", {{"quant_algo", "NVFP4"}}}}},
+                  {"kv_cache_schema_version", 1}}));
+  const json uniform = kvq::exporter::modelopt_config_json(alloc({{F8, F4}, {F8, F4}}));
+  EXPECT_EQ(uniform["quantization"], (json{{"quant_algo", nullptr}, {"kv_cache_quant_algo", "FP8_K_NVFP4_V"}}));
+  // Scales: the max over heads of amax / 448; FP8 heads' scale is amax/448, NVFP4's amax/(448*6).
+  const auto t = kvq::exporter::modelopt_tensors(alloc({{F8, F4}}));
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_EQ(t[0].name, "model.layers.0.self_attn.k_proj.k_scale");
+  EXPECT_TRUE(t[0].shape.empty());
+  float k0, v0;
+  std::memcpy(&k0, t[0].bytes.data(), 4);
+  std::memcpy(&v0, t[1].bytes.data(), 4);
+  EXPECT_EQ(k0, 0.5f);
+  EXPECT_EQ(v0, 3.0f);
+  if (!have_jsonschema()) GTEST_SKIP() << "needs python3-jsonschema";
+  for (const json& doc : {mixed, uniform}) {
+    const std::string path = temp_path("mo_doc.json");
+    kvq::test::write_text(path, doc.dump());
+    validate(path, "modelopt-hf-quant-config.schema.json");
+  }
+  json bad = mixed;
+  bad["quantization"]["kv_cache_quantized_layers"]["model.layers.0.self_attn"]["quant_algo"] = "NVFP4_K_FP8_V";
+  const std::string path = temp_path("mo_bad.json");
+  kvq::test::write_text(path, bad.dump());
+  EXPECT_NE(run_cmd("python3 -c 'import json,sys,jsonschema; jsonschema.validate(json.load(open(sys.argv[1])), "
+                    "json.load(open(sys.argv[2])))' " + path + " " + std::string(KVQ_SOURCE_DIR) +
+                    "/schemas/modelopt-hf-quant-config.schema.json").status,
+            0);
 }
