@@ -398,6 +398,23 @@ TEST(ExportModelDir, RefusesAndWritesNothing) {
   expect_refused(kvq_export("vllm --model " + broken + " --calib " + in.cal + " --out " + out), {"dangling.txt"});
   expect_nothing_written(out);
 
+  // A checkpoint kvq already exported into: the scale file (and, for modelopt, hf_quant_config.json)
+  // would be written again. (A vllm export's config.json is rewritten, so a calibration no longer
+  // matches it: that is refused as another model.)
+  const std::string vllm_once = fresh("exported_once");
+  ASSERT_EQ(kvq_export("vllm -q --model " + kDemo + " --calib " + in.cal + " --out " + vllm_once).status, 0);
+  expect_refused(kvq_export("vllm --model " + vllm_once + " --calib " + in.cal + " --out " + out),
+                 {"made from another model"});
+  expect_nothing_written(out);
+  const std::string mo_once = fresh("exported_once_mo");
+  ASSERT_EQ(kvq_export("modelopt -q --model " + kDemo + " --alloc " + in.alloc + " --out " + mo_once).status, 0);
+  expect_refused(kvq_export("vllm --model " + mo_once + " --calib " + in.cal + " --out " + out),
+                 {"kv_scales.safetensors", "already has this file"});
+  expect_nothing_written(out);
+  expect_refused(kvq_export("modelopt --model " + mo_once + " --alloc " + in.alloc + " --out " + out),
+                 {"already has this file"});
+  expect_nothing_written(out);
+
   // --copy without --model; a model that is not a directory.
   expect_refused(kvq_export("vllm --calib " + in.cal + " --copy --out " + out), {"--copy", "needs --model"});
   expect_refused(kvq_export("vllm --model " + in.cal + " --calib " + in.cal + " --out " + out), {"--model", "not a directory"});
