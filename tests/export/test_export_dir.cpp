@@ -415,6 +415,24 @@ TEST(ExportModelDir, RefusesAndWritesNothing) {
                  {"already has this file"});
   expect_nothing_written(out);
 
+  // A hidden sibling left by a run that was killed while building (its pid no longer exists: above
+  // pid_max) is removed by the next run into the same DIR; one of a live process is left alone.
+  {
+    const std::string target = fresh("stale_target");
+    const fs::path parent = fs::path(target).parent_path();
+    const std::string name = fs::path(target).filename().string();
+    const long pid_max = std::stol(kvq::read_file("/proc/sys/kernel/pid_max"));
+    const fs::path dead = parent / ("." + name + ".kvq-tmp." + std::to_string(pid_max + 1));
+    const fs::path live = parent / ("." + name + ".kvq-tmp.1");
+    fs::create_directories(dead);
+    fs::create_directories(live);
+    kvq::test::write_text((dead / "config.json").string(), "{}");
+    ASSERT_EQ(kvq_export("vllm -q --model " + kDemo + " --calib " + in.cal + " --out " + target).status, 0);
+    EXPECT_FALSE(fs::exists(dead));
+    EXPECT_TRUE(fs::exists(live));
+    fs::remove_all(live);
+  }
+
   // --copy without --model; a model that is not a directory.
   expect_refused(kvq_export("vllm --calib " + in.cal + " --copy --out " + out), {"--copy", "needs --model"});
   expect_refused(kvq_export("vllm --model " + in.cal + " --calib " + in.cal + " --out " + out), {"--model", "not a directory"});

@@ -3,6 +3,7 @@
 #include "kvq/export/model_dir.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -176,6 +177,21 @@ void put(const std::string& path, const std::string& bytes) {
   }
 }
 
+// Hidden siblings of `target` left by runs that no longer exist (killed while building): removed.
+void remove_stale_siblings(const fs::path& target) {
+  const std::string prefix = "." + target.filename().string() + ".kvq-tmp.";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(target.parent_path(), ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    if (::kill(pid_t(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+  }
+}
+
 // The hidden sibling directory, removed with everything in it unless released.
 struct TempDir {
   std::string path;
@@ -213,6 +229,7 @@ std::vector<std::string> write_model_dir(const HfModelDir& m, const std::string&
   fs::path target = fs::absolute(out, ec);
   if (target.filename().empty()) target = target.parent_path();  // "dir/"
   make_output_dir(target.parent_path().string(), "--out");
+  remove_stale_siblings(target);
   TempDir tmp;
   tmp.path = (target.parent_path() / ("." + target.filename().string() + ".kvq-tmp." + std::to_string(::getpid()))).string();
   fs::remove_all(tmp.path, ec);
