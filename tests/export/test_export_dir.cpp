@@ -518,3 +518,12 @@ TEST(ExportModelDir, ModelOptPerSideAlgorithms) {
                     "/schemas/modelopt-hf-quant-config.schema.json").status,
             0);
 }
+
+TEST(ExportModelDir, HelpNamesModelAndCopy) {
+  for (const char* sub : {"vllm", "modelopt"}) {
+    const std::string out = temp_path(std::string("help_") + sub + ".txt");
+    ASSERT_EQ(run_cmd("timeout 60 " + bin("kvq-export") + " " + sub + " --help > " + out).status, 0);
+    const std::string help = kvq::read_file(out);
+    for (const char* w : {"--model", "--copy", "--out"}) EXPECT_NE(help.find(w), std::string::npos) << sub << " " << w;
+  }
+}
