@@ -11,7 +11,7 @@ KVQ_SHARED=${KVQ_SHARED:-$(cd "$KVQ_ROOT/.." && pwd)/shared}
 # runtimes are only a Recommends of clang, which --no-install-recommends leaves out.
 KVQ_PACKAGES=(cmake ninja-build ccache g++ pkg-config libtorch-dev libopenblas0-pthread
   libeigen3-dev libhdf5-dev libcli11-dev libspdlog-dev nlohmann-json3-dev libsentencepiece-dev
-  libgtest-dev libgmock-dev libbenchmark-dev python3-jsonschema bible-kjv libcairo2-dev
+  libgtest-dev libgmock-dev libbenchmark-dev python3-jsonschema python3-numpy bible-kjv libcairo2-dev
   clang libclang-rt-dev
   libopenmpi-dev openmpi-bin
   libpcre2-dev libutf8proc-dev)

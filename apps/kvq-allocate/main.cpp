@@ -12,7 +12,8 @@ int main(int argc, char** argv) {
       "cobra-kl (rank x bits per head, C1 + damped C2), cobra-dp (C1 curves + exact C2), cobra-measured\n"
       "(D(r,b) measured on the reservoir with the real codec + exact C2). V: --v-method, --v-bpd.\n"
       "layer-precision (--method; --v-method follows it): FP8 or NVFP4 per layer for K and V, the least\n"
-      "reservoir MSE with mean effective bits per dim <= --bpd (--formats fp8,nvfp4)."};
+      "attention error (or --objective mse: reservoir MSE) with mean effective bits per dim <= --bpd (--formats "
+      "fp8,nvfp4[,fp8_k_nvfp4_v])."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   kvq::AllocateOptions o;
@@ -86,9 +87,13 @@ int main(int argc, char** argv) {
   c->add_flag("--joint-kv", o.joint_kv, "split one budget (--bpd per dim of K and V) between K and V exactly");
   auto* lp = app.add_option_group("layer-precision");
   lp->add_option("--formats", o.formats,
-                 "formats a layer may take, comma-separated: fp8 (E4M3, 8 bits/dim), nvfp4 (E2M1 + E4M3 block scale, "
-                 "4.5 bits/dim)")
+                 "(K, V) formats a layer may take, comma-separated: fp8 (both E4M3, 8 bits/dim), nvfp4 (both E2M1 + "
+                 "E4M3 block scale, 4.5 bits/dim), fp8_k_nvfp4_v (K FP8, V NVFP4: ModelOpt's FP8_K_NVFP4_V)")
       ->default_val(o.formats);
+  lp->add_option("--objective", o.objective,
+                 "what the DP minimises on the reservoir: attention (K's post-RoPE logit error against the group's "
+                 "queries carried through the softmax, plus V's attention-output error) or mse (reservoir MSE)")
+      ->default_val(o.objective)->check(CLI::IsMember({"attention", "mse"}));
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {

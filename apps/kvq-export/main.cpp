@@ -16,7 +16,13 @@ int main(int argc, char** argv) {
       "      kv/kv_cache_scheme.json (merge into config.json's quantization_config) and, with --tp N,\n"
       "      kv/kv_cache_scales.json (vLLM's --quantization-param-path file, every rank the same).\n"
       "  kvq-export modelopt --alloc lp.kvqalloc.h5 --out ckpt/\n"
-      "      ckpt/hf_quant_config.json: per-layer FP8 / NVFP4 KV cache of a layer-precision allocation.\n"
+      "      ckpt/hf_quant_config.json: per-layer FP8 / NVFP4 / FP8_K_NVFP4_V KV cache of a layer-precision\n"
+      "      allocation.\n"
+      "  With --model M (an HF checkpoint directory) either writes --out DIR as a model directory the engine\n"
+      "  loads as it is: M's files linked (--copy: copied), config.json with quantization_config.kv_cache_scheme\n"
+      "  merged (vllm), hf_quant_config.json plus self_attn.{k,v}_proj.{k,v}_scale (modelopt), the scales in\n"
+      "  kv_scales.safetensors and model.safetensors.index.json listing every tensor. DIR must not exist or\n"
+      "  be empty; the calibration / allocation must come from M.\n"
       "Nothing is written when an input is refused (exit 2)."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
@@ -24,10 +30,14 @@ int main(int argc, char** argv) {
   app.fallthrough();  // -v/-q/--threads also after the subcommand
 
   auto* vllm = app.add_subcommand("vllm", "FP8 KV-cache scales for vLLM / SGLang from a calibration file");
-  std::string calib, vllm_out, strategy = "tensor";
+  std::string calib, vllm_out, strategy = "tensor", vllm_model, mo_model;
+  bool vllm_copy = false, mo_copy = false;
   kvq::exporter::VllmOptions vo;
   kvq::cli::add_calib(*vllm, calib);
-  kvq::cli::add_out(*vllm, vllm_out, "output directory (created if missing)");
+  kvq::cli::add_out(*vllm, vllm_out, "output directory (created if missing; with --model: new or empty)");
+  vllm->add_option("--model", vllm_model, "HF checkpoint directory the calibration was made from: write --out as a "
+                                          "model directory vLLM serves as it is");
+  vllm->add_flag("--copy", vllm_copy, "with --model: copy the checkpoint's files instead of symlinking them");
   vllm->add_option("--strategy", strategy,
                    "tensor: one scale per layer for each of K, V, Q (max over heads); attn_head: one per head "
                    "(k/v [num_kv_heads], q [num_heads])")
@@ -42,7 +52,10 @@ int main(int argc, char** argv) {
   auto* mo = app.add_subcommand("modelopt", "ModelOpt hf_quant_config.json from a layer-precision allocation");
   std::string alloc, mo_out;
   kvq::cli::add_alloc(*mo, alloc);
-  kvq::cli::add_out(*mo, mo_out, "output directory (created if missing), e.g. the checkpoint directory");
+  kvq::cli::add_out(*mo, mo_out, "output directory (created if missing; with --model: new or empty)");
+  mo->add_option("--model", mo_model, "HF checkpoint directory the allocation was made for: write --out as a model "
+                                      "directory with hf_quant_config.json and the scale tensors");
+  mo->add_flag("--copy", mo_copy, "with --model: copy the checkpoint's files instead of symlinking them");
 
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
@@ -51,9 +64,19 @@ int main(int argc, char** argv) {
     kvq::OutputBatch outputs;  // the directory's files together, or none (and no new directory)
     if (vllm->parsed()) {
       vo.strategy = strategy == "attn_head" ? kvq::exporter::ScaleStrategy::kAttnHead : kvq::exporter::ScaleStrategy::kTensor;
-      written = kvq::exporter::export_vllm(calib, vllm_out, vo);
+      if (!vllm_model.empty())
+        written = kvq::exporter::export_vllm_model(vllm_model, calib, vllm_out, vo, vllm_copy);
+      else if (vllm_copy)
+        throw kvq::Error("", "--copy", "needs --model (it copies the checkpoint's files)");
+      else
+        written = kvq::exporter::export_vllm(calib, vllm_out, vo);
     } else {
-      written = kvq::exporter::export_modelopt(alloc, mo_out);
+      if (!mo_model.empty())
+        written = kvq::exporter::export_modelopt_model(mo_model, alloc, mo_out, mo_copy);
+      else if (mo_copy)
+        throw kvq::Error("", "--copy", "needs --model (it copies the checkpoint's files)");
+      else
+        written = kvq::exporter::export_modelopt(alloc, mo_out);
     }
     outputs.commit();
     for (const auto& f : written)

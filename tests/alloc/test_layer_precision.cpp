@@ -2,6 +2,7 @@
 // met exactly at its boundaries, and the input errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -193,6 +194,110 @@ TEST(LayerPrecision, ScalesFromAmax) {
   EXPECT_FLOAT_EQ(kvq::alloc::minifloat_scale(MinifloatFormat::kNvfp4, 2688.0, 1.0, "f"), 1.0f);
   EXPECT_THROW(kvq::alloc::minifloat_scale(MinifloatFormat::kNvfp4, 1.0, 0.0, "f"), kvq::Error);
   EXPECT_THROW(kvq::alloc::minifloat_scale(MinifloatFormat::kFp8E4M3, 1e-300, 1.0, "f"), kvq::Error);
+}
+
+// Per-side combinations: brute force over every assignment of a K format and a V format to each
+// layer ((F*F)^L), keeping those whose (K, V) pair is in the allowed list and whose bits fit.
+Brute brute_force_sides(const LayerPrecisionInput& in, const std::vector<kvq::alloc::KvFormatPair>& allowed,
+                        double bpd) {
+  const int L = in.shape.n_layers, H = in.shape.n_kv_heads, d = in.shape.head_dim;
+  const int F = int(in.formats.size());
+  const double limit = bpd * L * 2 * H * d;
+  int64_t n = 1;
+  for (int l = 0; l < 2 * L; ++l) n *= F;
+  Brute b;
+  for (int64_t m = 0; m < n; ++m) {
+    int64_t code = m, bits = 0;
+    double dist = 0;
+    bool ok = true;
+    for (int l = 0; l < L && ok; ++l) {
+      const int fk = int(code % F);
+      code /= F;
+      const int fv = int(code % F);
+      code /= F;
+      const kvq::alloc::KvFormatPair p{in.formats[size_t(fk)], in.formats[size_t(fv)]};
+      ok = std::find(allowed.begin(), allowed.end(), p) != allowed.end();
+      bits += (head_bits(p.k, d) + head_bits(p.v, d)) * H;
+      for (int h = 0; h < H; ++h)
+        dist += in.k_mse[size_t(l * H + h) * size_t(F) + size_t(fk)] + in.v_mse[size_t(l * H + h) * size_t(F) + size_t(fv)];
+    }
+    if (ok && double(bits) <= limit && dist < b.best) b = {dist, bits};
+  }
+  return b;
+}
+
+TEST(LayerPrecision, PerSideCombinationsEqualBruteForce) {
+  const MinifloatFormat fp8 = MinifloatFormat::kFp8E4M3, nv = MinifloatFormat::kNvfp4;
+  const std::vector<std::vector<kvq::alloc::KvFormatPair>> lists = {
+      {{fp8, fp8}, {nv, nv}, {fp8, nv}}, {{fp8, nv}, {nv, nv}}, {{fp8, fp8}, {fp8, nv}}, {{nv, nv}, {fp8, nv}, {fp8, fp8}},
+      {{fp8, fp8}, {nv, nv}, {fp8, nv}, {nv, fp8}}};
+  std::mt19937_64 rng(20261);
+  int mixed_layers = 0;
+  for (int trial = 0; trial < 80; ++trial) {
+    const int L = 1 + int(rng() % 6), H = 1 + int(rng() % 3);
+    const int d = trial % 2 ? 64 : 40;
+    auto in = random_input(rng, L, H, d);
+    in.combos = lists[size_t(trial) % lists.size()];
+    const double lo = double(head_bits(nv, d)) / d, hi = 8.0;
+    const double bpd = lo + (hi - lo) * std::uniform_real_distribution<double>(0, 1.1)(rng);
+    const Brute b = brute_force_sides(in, in.combos, bpd);
+    SCOPED_TRACE("trial " + std::to_string(trial) + " L " + std::to_string(L) + " H " + std::to_string(H) + " bpd " +
+                 std::to_string(bpd));
+    if (!std::isfinite(b.best)) {  // even the cheapest allowed pair does not fit
+      EXPECT_THROW(kvq::alloc::allocate_layer_precision(in, bpd), kvq::Error);
+      continue;
+    }
+    const auto a = kvq::alloc::allocate_layer_precision(in, bpd);
+    EXPECT_NEAR(a.summary.predicted_distortion, b.best, 1e-12 * b.best);
+    EXPECT_LE(mean_bpd(a, d), bpd + 1e-12);
+    EXPECT_LE(a.summary.budget_assigned, int64_t(std::floor(bpd * L * 2 * H * d)));
+    // Every layer's K heads share a format, its V heads share one, and the pair is allowed.
+    std::string names;
+    for (int l = 0; l < L; ++l) {
+      const MinifloatFormat k = a.heads[size_t(l * H)].minifloat, v = a.heads[size_t(L * H + l * H)].minifloat;
+      for (int h = 0; h < H; ++h) {
+        EXPECT_EQ(a.heads[size_t(l * H + h)].minifloat, k);
+        EXPECT_EQ(a.heads[size_t(L * H + l * H + h)].minifloat, v);
+      }
+      const kvq::alloc::KvFormatPair p{k, v};
+      EXPECT_NE(std::find(in.combos.begin(), in.combos.end(), p), in.combos.end());
+      mixed_layers += k != v;
+      // Names written out here: the allocation's layer_formats.
+      names += std::string(l ? "," : "") + (k == v ? (k == fp8 ? "fp8" : "nvfp4") : k == fp8 ? "fp8_k_nvfp4_v" : "nvfp4_k_fp8_v");
+    }
+    std::string got;
+    for (const auto& [k, v] : a.summary.params)
+      if (k == "layer_formats") got = v;
+    EXPECT_EQ(got, names);
+  }
+  EXPECT_GT(mixed_layers, 0);  // the per-side choice is exercised, not only (f, f)
+}
+
+TEST(LayerPrecision, CombinationErrors) {
+  std::mt19937_64 rng(7);
+  const MinifloatFormat fp8 = MinifloatFormat::kFp8E4M3, nv = MinifloatFormat::kNvfp4;
+  auto in = random_input(rng, 3, 2, 64, {fp8});
+  in.combos = {{fp8, nv}};  // NVFP4 was not measured
+  try {
+    kvq::alloc::allocate_layer_precision(in, 8);
+    ADD_FAILURE() << "accepted a combination using an unmeasured format";
+  } catch (const kvq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("formats: combination uses 'nvfp4', which was not measured"), std::string::npos)
+        << e.what();
+  }
+  in = random_input(rng, 3, 2, 64);
+  in.combos = {{fp8, nv}, {fp8, nv}};
+  EXPECT_THROW(kvq::alloc::allocate_layer_precision(in, 8), kvq::Error);
+  // Below the cheapest allowed pair: FP8 K + NVFP4 V = (8 + 4.5) / 2 = 6.25 bits per dim at d = 64.
+  in.combos = {{fp8, nv}, {fp8, fp8}};
+  try {
+    kvq::alloc::allocate_layer_precision(in, 6.2);
+    ADD_FAILURE() << "accepted a budget below the cheapest pair";
+  } catch (const kvq::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("all fp8_k_nvfp4_v = 6.25 effective bits per dim"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(kvq::alloc::allocate_layer_precision(in, 6.25));
 }
 
 }  // namespace

@@ -18,11 +18,11 @@ float minifloat_scale(MinifloatFormat f, double amax, double margin, const std::
   if (!(std::isfinite(margin) && margin > 0)) fail("margin", "must be finite and > 0, got " + num(margin));
   if (!std::isfinite(amax) || amax <= 0)
     fail(field, "amax " + num(amax) + ": the head never fired (or the statistics are corrupt), it has no " +
-                    to_string(f) + " scale");
+                    kvq::to_string(f) + " scale");
   const double s = f == MinifloatFormat::kFp8E4M3 ? amax * margin / 448.0 : amax * margin / (448.0 * 6.0);
   const float sf = static_cast<float>(s);
   if (!(std::isfinite(sf) && sf >= std::numeric_limits<float>::min()))
-    fail(field, "amax " + num(amax) + " gives a " + to_string(f) + " scale " + num(s) + " outside the float range");
+    fail(field, "amax " + num(amax) + " gives a " + kvq::to_string(f) + " scale " + num(s) + " outside the float range");
   return sf;
 }
 
@@ -91,6 +91,11 @@ GroupChoice solve_group_choice(const std::vector<std::vector<int64_t>>& cost,
   return out;
 }
 
+std::string to_string(const KvFormatPair& p) {
+  if (p.k == p.v) return kvq::to_string(p.k);
+  return std::string(kvq::to_string(p.k)) + "_k_" + kvq::to_string(p.v) + "_v";
+}
+
 Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
   const Shape& sh = in.shape;
   validate_shape(sh);
@@ -101,8 +106,25 @@ Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
     if (in.formats[f] != MinifloatFormat::kFp8E4M3 && in.formats[f] != MinifloatFormat::kNvfp4)
       fail("formats", "unknown format " + num(static_cast<int>(in.formats[f])));
     for (size_t e = 0; e < f; ++e)
-      if (in.formats[e] == in.formats[f]) fail("formats", std::string("'") + to_string(in.formats[f]) + "' given twice");
+      if (in.formats[e] == in.formats[f]) fail("formats", std::string("'") + kvq::to_string(in.formats[f]) + "' given twice");
   }
+  auto index_of = [&](MinifloatFormat m) -> size_t {
+    const size_t i = size_t(std::find(in.formats.begin(), in.formats.end(), m) - in.formats.begin());
+    if (i == F)
+      fail("formats", std::string("combination uses '") + kvq::to_string(m) + "', which was not measured");
+    return i;
+  };
+  // The allowed combinations as indices into `formats`: (K, V).
+  std::vector<KvFormatPair> combos = in.combos;
+  if (combos.empty())
+    for (MinifloatFormat f : in.formats) combos.push_back({f, f});
+  std::vector<std::pair<size_t, size_t>> ci;
+  for (size_t c = 0; c < combos.size(); ++c) {
+    for (size_t e = 0; e < c; ++e)
+      if (combos[e] == combos[c]) fail("formats", "'" + to_string(combos[c]) + "' given twice");
+    ci.emplace_back(index_of(combos[c].k), index_of(combos[c].v));
+  }
+  const size_t C = combos.size();
   const size_t n_heads = size_t(sh.n_heads());
   if (in.k_mse.size() != n_heads * F || in.v_mse.size() != n_heads * F)
     fail("mse", "expected " + num(static_cast<long long>(n_heads * F)) + " values per side");
@@ -112,39 +134,38 @@ Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
 
   // Bits per token of one head in each format, from the packed layout (the same for K and V).
   std::vector<int64_t> head_bits(F);
-  std::vector<double> format_bpd(F);
   for (size_t f = 0; f < F; ++f) {
     HeadDecision probe;
     probe.kind = CodingKind::kMinifloat;
     probe.minifloat = in.formats[f];
     probe.scale = 1.f;
-    const layout::PackedLayout pl = layout::layout_for(probe, d);
-    head_bits[f] = int64_t(pl.block_bytes) * 8;
-    format_bpd[f] = layout::effective_bpd(pl);
+    head_bits[f] = int64_t(layout::layout_for(probe, d).block_bytes) * 8;
   }
-  std::vector<std::vector<int64_t>> cost(static_cast<size_t>(L), std::vector<int64_t>(F, 0));
-  std::vector<std::vector<double>> dist(size_t(L), std::vector<double>(F, 0.0));
+  for (size_t i = 0; i < n_heads * F; ++i)
+    if (!(std::isfinite(in.k_mse[i]) && in.k_mse[i] >= 0 && std::isfinite(in.v_mse[i]) && in.v_mse[i] >= 0))
+      fail("mse", "layer " + num(int(i / F) / H) + " head " + num(int(i / F) % H) + ": not a finite value >= 0");
+  std::vector<std::vector<int64_t>> cost(static_cast<size_t>(L), std::vector<int64_t>(C, 0));
+  std::vector<std::vector<double>> dist(size_t(L), std::vector<double>(C, 0.0));
   for (int l = 0; l < L; ++l)
-    for (size_t f = 0; f < F; ++f) {
-      cost[size_t(l)][f] = head_bits[f] * 2 * H;
+    for (size_t c = 0; c < C; ++c) {
+      const auto [fk, fv] = ci[c];
+      cost[size_t(l)][c] = (head_bits[fk] + head_bits[fv]) * H;
       for (int h = 0; h < H; ++h) {
-        const size_t i = size_t(l * H + h) * F + f;
-        if (!(std::isfinite(in.k_mse[i]) && in.k_mse[i] >= 0 && std::isfinite(in.v_mse[i]) && in.v_mse[i] >= 0))
-          fail("mse", "layer " + num(l) + " head " + num(h) + ": not a finite value >= 0");
-        dist[size_t(l)][f] += in.k_mse[i] + in.v_mse[i];
+        const size_t i = size_t(l * H + h) * F;
+        dist[size_t(l)][c] += in.k_mse[i + fk] + in.v_mse[i + fv];
       }
     }
   const double dims = double(L) * 2.0 * H * d;
   const int64_t budget = static_cast<int64_t>(std::floor(bpd * dims));
   size_t cheapest = 0;
-  for (size_t f = 1; f < F; ++f)
-    if (head_bits[f] < head_bits[cheapest]) cheapest = f;
-  if (head_bits[cheapest] * 2 * H * L > budget)
-    fail("bits_per_dim", num(bpd) + " is below the cheapest layer-precision choice: all " + to_string(in.formats[cheapest]) +
-                             " = " + num(format_bpd[cheapest]) + " effective bits per dim (allowed formats: " +
-                             [&] {
+  for (size_t c = 1; c < C; ++c)
+    if (cost[0][c] < cost[0][cheapest]) cheapest = c;
+  if (cost[0][cheapest] * L > budget)
+    fail("bits_per_dim", num(bpd) + " is below the cheapest layer-precision choice: all " + to_string(combos[cheapest]) +
+                             " = " + num(double(cost[0][cheapest]) / (2.0 * H * d)) +
+                             " effective bits per dim (allowed formats: " + [&] {
                                std::string s;
-                               for (size_t f = 0; f < F; ++f) s += (f ? "," : "") + std::string(to_string(in.formats[f]));
+                               for (size_t c = 0; c < C; ++c) s += (c ? "," : "") + to_string(combos[c]);
                                return s;
                              }() + ")");
   const GroupChoice choice = solve_group_choice(cost, dist, budget);
@@ -154,7 +175,8 @@ Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
   for (Side side : {Side::kK, Side::kV})
     for (int l = 0; l < L; ++l)
       for (int h = 0; h < H; ++h) {
-        const size_t f = size_t(choice.option[size_t(l)]);
+        const size_t c = size_t(choice.option[size_t(l)]);
+        const size_t f = side == Side::kK ? ci[c].first : ci[c].second;
         const size_t i = size_t(l * H + h);
         HeadDecision dec;
         dec.layer = l;
@@ -178,8 +200,8 @@ Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
   s.predicted_distortion = choice.distortion;
   summarize_bits(out.heads, d, &s);
   std::string formats, chosen;
-  for (size_t f = 0; f < F; ++f) formats += (f ? "," : "") + std::string(to_string(in.formats[f]));
-  for (int l = 0; l < L; ++l) chosen += (l ? "," : "") + std::string(to_string(in.formats[size_t(choice.option[size_t(l)])]));
+  for (size_t c = 0; c < C; ++c) formats += (c ? "," : "") + to_string(combos[c]);
+  for (int l = 0; l < L; ++l) chosen += (l ? "," : "") + to_string(combos[size_t(choice.option[size_t(l)])]);
   s.params = {{"formats", formats}, {"margin", num(in.margin)}, {"layer_formats", chosen}};
   return out;
 }

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "kvq/codec/minifloat.hpp"
+#include "kvq/export/model_dir.hpp"
 #include "kvq/io/h5_paths.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
@@ -144,6 +145,67 @@ std::vector<std::string> export_vllm(const std::string& calib_path, const std::s
   put("kv_cache_scheme.json", scheme);
   if (o.tp > 0) put("kv_cache_scales.json", legacy);
   return written;
+}
+
+void check_same_model(const HfModelDir& m, const std::string& recorded_sha, int recorded_layers, const std::string& file,
+                      const std::string& field) {
+  if (recorded_sha != m.config_sha256)
+    throw Error(file, field,
+                "made from another model: config sha256 " + recorded_sha.substr(0, 12) + "..., but " + m.dir +
+                    "/config.json is " + m.config_sha256.substr(0, 12) + "... (give the model it was calibrated on)");
+  if (recorded_layers != m.n_layers)
+    throw Error(file, field, std::to_string(recorded_layers) + " layers, the model has " + std::to_string(m.n_layers));
+}
+
+nlohmann::ordered_json vllm_merged_config(const HfModelDir& m, ScaleStrategy s) {
+  const std::string where = m.dir + "/config.json";
+  nlohmann::ordered_json cfg = m.config;
+  const nlohmann::ordered_json scheme = nlohmann::ordered_json::parse(vllm_kv_cache_scheme(s)["kv_cache_scheme"].dump());
+  if (!cfg.contains("quantization_config")) {
+    // compressed-tensors is the quant_method vLLM reads kv_cache_scheme from; no weight groups.
+    nlohmann::ordered_json q = nlohmann::ordered_json::object();
+    q["quant_method"] = "compressed-tensors";
+    q["config_groups"] = nlohmann::ordered_json::object();
+    q["ignore"] = nlohmann::ordered_json::array();
+    q["kv_cache_scheme"] = scheme;
+    cfg["quantization_config"] = q;
+    return cfg;
+  }
+  auto& q = cfg["quantization_config"];
+  if (!q.is_object()) throw Error(where, "quantization_config", "not an object: " + q.dump());
+  if (q.contains("kv_cache_scheme") && !q["kv_cache_scheme"].is_null() && q["kv_cache_scheme"] != scheme)
+    throw Error(where, "quantization_config.kv_cache_scheme",
+                q["kv_cache_scheme"].dump() + " is a different KV-cache scheme than kvq's " + scheme.dump() +
+                    ": export from a checkpoint without one");
+  for (const char* other : {"kv_cache_quant_algo", "kv_cache_quant_method"})
+    if (q.contains(other) && !q[other].is_null())
+      throw Error(where, std::string("quantization_config.") + other,
+                  q[other].dump() + ": the model already has another KV-cache scheme; export from a checkpoint without one");
+  q["kv_cache_scheme"] = scheme;
+  return cfg;
+}
+
+std::vector<std::string> export_vllm_model(const std::string& model_dir, const std::string& calib_path,
+                                           const std::string& out_dir, const VllmOptions& o, bool copy) {
+  check_model_out_dir(out_dir);
+  const HfModelDir m = read_hf_model_dir(model_dir);
+  ModelDirOutput out;
+  out.config = vllm_merged_config(m, o.strategy);
+  const CalibFile c = read_calib(calib_path, /*samples=*/false);
+  check_same_model(m, c.prov.model_config_sha256, c.prov.n_layers, calib_path, "provenance.model_config_sha256");
+  const VllmScales s = vllm_scales(c, calib_path, o);
+  out.scales = vllm_tensors(s);
+  out.scales_metadata = {{"format", "pt"},
+                         {"producer", std::string("kvq ") + KVQ_VERSION},
+                         {"kvq_strategy", to_string(o.strategy)},
+                         {"kvq_margin", num(o.margin)}};
+  if (o.tp > 0) {
+    const std::string model_type = m.config.contains("model_type") && m.config["model_type"].is_string()
+                                       ? m.config["model_type"].get<std::string>()
+                                       : c.prov.architecture;
+    out.extra.emplace_back("kv_cache_scales.json", vllm_legacy_scales(s, model_type, o.tp).dump(2) + "\n");
+  }
+  return write_model_dir(m, out_dir, copy, out);
 }
 
 }  // namespace kvq::exporter

@@ -22,6 +22,7 @@
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
+#include "layer_precision.hpp"
 #include "reservoir.hpp"
 
 namespace kvq {
@@ -130,63 +131,6 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
   return tables;
 }
 
-// layer-precision: per (layer, head, format) the MSE of coding the reservoir's rows (K post-RoPE,
-// as the serving cache stores it) with the head's static scale from its amax.
-alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOptions& o) {
-  const auto sh = c.shape();
-  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
-  if (!c.moments.has_amax())
-    throw Error(o.calib, h5path::kStatsAmaxK,
-                "missing: layer-precision needs the activation maxima (calibration format version 3); recapture "
-                "with this calib-capture");
-  const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
-  if (n < 1)
-    throw Error(o.calib, h5path::kReservoir, "empty: layer-precision needs reservoir rows (calib-capture --reservoir-tokens)");
-  alloc::LayerPrecisionInput in;
-  in.shape = {L, H, d};
-  in.formats = minifloat_formats_from_flag("--formats", o.formats);
-  in.margin = 1.0;
-  in.k_amax = c.moments.k_amax;
-  in.v_amax = c.moments.v_amax;
-  const size_t F = in.formats.size();
-  in.k_mse.assign(size_t(L * H) * F, 0.0);
-  in.v_mse.assign(size_t(L * H) * F, 0.0);
-  for (Side side : {Side::kK, Side::kV}) {
-    const auto& amax = side == Side::kK ? in.k_amax : in.v_amax;
-    for (int l = 0; l < L; ++l)
-      for (int h = 0; h < H; ++h) {
-        const std::vector<float> x = reservoir_rows(c, l, h, side, side == Side::kK, n);
-        std::vector<float> y(x.size());
-        for (size_t f = 0; f < F; ++f) {
-          HeadDecision dec;
-          dec.layer = l;
-          dec.kv_head = h;
-          dec.side = side;
-          dec.kind = CodingKind::kMinifloat;
-          dec.post_rope = side == Side::kK;
-          dec.minifloat = in.formats[f];
-          dec.scale = alloc::minifloat_scale(dec.minifloat, amax[size_t(l * H + h)], in.margin,
-                                             o.calib + ": " + (side == Side::kK ? h5path::kStatsAmaxK : h5path::kStatsAmaxV) + "[" +
-                                                 std::to_string(l) + "][" + std::to_string(h) + "]");
-          codec::HeadCodec(dec, d).round_trip(x.data(), int(n), y.data());
-          double se = 0;
-          for (size_t i = 0; i < x.size(); ++i) se += double(x[i] - y[i]) * double(x[i] - y[i]);
-          (side == Side::kK ? in.k_mse : in.v_mse)[size_t(l * H + h) * F + f] = se / double(n);
-        }
-      }
-  }
-  try {
-    return alloc::allocate_layer_precision(in, o.bpd);
-  } catch (const Error& e) {
-    // The solver names its own parameter; the user typed --bpd.
-    const std::string what = e.what();
-    const std::string prefix = "bits_per_dim: ";
-    if (what.rfind(prefix, 0) == 0) throw Error("", "--bpd", what.substr(prefix.size()));
-    throw;
-  }
-}
-
-
 alloc::Allocation allocate_side(const CalibFile& c, Side side, Method method, double bpd, const AllocateOptions& o) {
   const auto sh = c.shape();
   alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
@@ -272,7 +216,9 @@ AllocFile run_allocate(const AllocateOptions& o) {
   if (layer_precision && o.joint_kv) throw Error("", "--joint-kv", "not with layer-precision (it is joint already)");
   if (layer_precision && o.v_bpd > 0 && o.v_bpd != o.bpd)
     throw Error("", "--v-bpd", "layer-precision has one budget over K and V (--bpd)");
-  if (layer_precision) minifloat_formats_from_flag("--formats", o.formats);  // before reading the file
+  if (layer_precision) layer_formats_from_flag("--formats", o.formats);  // before reading the file
+  if (layer_precision && o.objective != "attention" && o.objective != "mse")
+    throw Error("", "--objective", "unknown value '" + o.objective + "' (attention or mse)");
   if (!layer_precision && o.bpd > o.b_max) throw Error("", "--bpd", std::to_string(o.bpd) + " is above b_max " + std::to_string(o.b_max));
   if (o.joint_kv && o.method != Method::kCobraMse && o.method != Method::kCobraDp)
     throw Error("", "--joint-kv", "needs --method cobra-mse or cobra-dp (the exact solver splits the budget)");
@@ -323,7 +269,10 @@ AllocFile run_allocate(const AllocateOptions& o) {
               {"r_min", o.r_min},
               {"measure_tokens", o.measure_tokens},
               {"joint_kv", o.joint_kv}};
-  if (layer_precision) a.params["formats"] = o.formats;
+  if (layer_precision) {
+    a.params["formats"] = o.formats;
+    a.params["objective"] = o.objective;
+  }
   if (o.codebook == TqCodebook::kSphere) a.params["codebook"] = "exact";  // absent = gaussian (bytes unchanged)
   const bool compact = o.group_norms == AllocateOptions::GroupNorms::kCompact;
   if (compact) {  // absent = fp16 (bytes unchanged)

@@ -57,21 +57,31 @@ void check_allocation_method(const std::string& flag, Method m, Side side) {
   throw Error("", flag, "unknown method '" + std::string(to_string(m)) + "' (" + allocation_method_names(Side::kK) + ")");
 }
 
-std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag, const std::string& list) {
-  std::vector<MinifloatFormat> out;
+std::vector<alloc::KvFormatPair> layer_formats_from_flag(const std::string& flag, const std::string& list) {
+  const MinifloatFormat fp8 = MinifloatFormat::kFp8E4M3, nv = MinifloatFormat::kNvfp4;
+  const alloc::KvFormatPair known[] = {{fp8, fp8}, {nv, nv}, {fp8, nv}};
+  std::vector<alloc::KvFormatPair> out;
   size_t pos = 0;
   while (pos <= list.size()) {
     const size_t comma = std::min(list.find(',', pos), list.size());
     const std::string name = list.substr(pos, comma - pos);
-    MinifloatFormat f;
-    if (name == to_string(MinifloatFormat::kFp8E4M3)) f = MinifloatFormat::kFp8E4M3;
-    else if (name == to_string(MinifloatFormat::kNvfp4)) f = MinifloatFormat::kNvfp4;
-    else throw Error("", flag, "unknown format '" + name + "' in '" + list + "' (valid: fp8, nvfp4)");
-    if (std::find(out.begin(), out.end(), f) != out.end())
+    const alloc::KvFormatPair* hit = nullptr;
+    for (const auto& k : known)
+      if (name == alloc::to_string(k)) hit = &k;
+    if (!hit) throw Error("", flag, "unknown format '" + name + "' in '" + list + "' (valid: fp8, nvfp4, fp8_k_nvfp4_v)");
+    if (std::find(out.begin(), out.end(), *hit) != out.end())
       throw Error("", flag, "format '" + name + "' given twice in '" + list + "'");
-    out.push_back(f);
+    out.push_back(*hit);
     pos = comma + 1;
   }
+  return out;
+}
+
+std::vector<MinifloatFormat> side_formats(const std::vector<alloc::KvFormatPair>& pairs) {
+  std::vector<MinifloatFormat> out;
+  for (const auto& p : pairs)
+    for (MinifloatFormat f : {p.k, p.v})
+      if (std::find(out.begin(), out.end(), f) == out.end()) out.push_back(f);
   return out;
 }
 

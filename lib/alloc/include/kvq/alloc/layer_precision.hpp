@@ -1,7 +1,9 @@
 #pragma once
 // layer-precision: per layer one serving-engine format (FP8 E4M3 or NVFP4) for all of the layer's K
-// and V heads — the granularity of ModelOpt's MIXED_PRECISION kv_cache_quantized_layers map —
-// minimising the total measured distortion under a mean effective-bits budget.
+// heads and one for its V heads, from the combinations the target allows (ModelOpt's per-layer
+// quant_algo: FP8, NVFP4 or FP8_K_NVFP4_V) — the granularity of its MIXED_PRECISION
+// kv_cache_quantized_layers map — minimising the total measured distortion under a mean
+// effective-bits budget.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -30,22 +32,38 @@ struct GroupChoice {
 GroupChoice solve_group_choice(const std::vector<std::vector<int64_t>>& cost,
                                const std::vector<std::vector<double>>& distortion, int64_t budget);
 
+// One per-layer choice: the format of the layer's K heads and of its V heads.
+struct KvFormatPair {
+  MinifloatFormat k = MinifloatFormat::kFp8E4M3, v = MinifloatFormat::kFp8E4M3;
+  bool operator==(const KvFormatPair& o) const { return k == o.k && v == o.v; }
+};
+// "fp8", "nvfp4" when both sides agree, else "<k>_k_<v>_v" (e.g. "fp8_k_nvfp4_v", ModelOpt's
+// FP8_K_NVFP4_V): the names of kvq-allocate --formats and the allocation's layer_formats.
+std::string to_string(const KvFormatPair& p);
+
 struct LayerPrecisionInput {
   Shape shape;
-  std::vector<MinifloatFormat> formats;  // allowed, distinct, non-empty
-  // Measured per head: the mean over the calibration reservoir's rows of ||x - x^||^2 (K post-RoPE)
-  // when coded in formats[f] with the scale from its amax; index (layer * H + head) * F + f.
+  std::vector<MinifloatFormat> formats;  // measured per side: distinct, non-empty
+  // The (K, V) combinations a layer may take, each side one of `formats`, distinct. Empty: every
+  // format for both sides together, (f, f) in `formats` order.
+  std::vector<KvFormatPair> combos;
+  // Measured per head and side when coded in formats[f] with the scale from its amax, index
+  // (layer * H + head) * F + f: the reservoir MSE ||x - x^||^2 per row (K post-RoPE), or the
+  // attention error (kvq-allocate --objective attention); any finite figure >= 0 that adds over
+  // heads and sides.
   std::vector<double> k_mse, v_mse;
   std::vector<float> k_amax, v_amax;  // [L][H] (Moments::k_amax / v_amax)
   double margin = 1.0;
 };
 
 // All K heads (head_index order), then all V heads; kind kMinifloat, K post_rope. A layer's cost
-// is the effective bits per token of its 2H heads (packed layout, kvq/format/decision_layout.hpp:
+// is the effective bits per token of its H K heads in the combination's K format plus its H V heads
+// in its V format (packed layout, kvq/format/decision_layout.hpp:
 // 8 and 4.5 bits per dim at d a multiple of 16); the budget is floor(bpd * L * 2H * d) bits per
 // token, so the mean effective bpd over all K and V heads is <= bpd. summary.predicted_distortion
 // is the minimised total; the per-head figure is its measured MSE. Throws kvq::Error for a budget
-// below the cheapest assignment (all in the cheapest allowed format), bad input sizes or formats.
+// below the cheapest assignment (all in the cheapest allowed combination), bad input sizes, formats
+// or combinations. summary.params: formats (the combinations), margin, layer_formats (per layer).
 Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd);
 
 }  // namespace kvq::alloc

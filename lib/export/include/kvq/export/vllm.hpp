@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/export/model_dir.hpp"
 #include "kvq/export/safetensors_writer.hpp"
 #include "kvq/io/calib_file.hpp"
 
@@ -52,5 +53,22 @@ nlohmann::json vllm_legacy_scales(const VllmScales& s, const std::string& model_
 // Reads `calib_path`, validates everything, then writes the files into `out_dir` (created if
 // missing). Nothing is written when any check fails. Returns the paths written.
 std::vector<std::string> export_vllm(const std::string& calib_path, const std::string& out_dir, const VllmOptions& o);
+
+// kvq::Error naming `file`/`field` unless the recorded config sha256 (a calibration's
+// model_config_sha256) is m's config.json's and the layer counts agree.
+void check_same_model(const HfModelDir& m, const std::string& recorded_sha, int recorded_layers, const std::string& file,
+                      const std::string& field);
+
+// m's config.json with quantization_config.kv_cache_scheme set to kvq's (every other field as it
+// was; a quantization_config is created, quant_method compressed-tensors with no weight groups, when
+// there is none). kvq::Error naming config.json when it already has a different KV-cache scheme.
+nlohmann::ordered_json vllm_merged_config(const HfModelDir& m, ScaleStrategy s);
+
+// kvq-export vllm --model: a model directory vLLM loads as it is (model_dir.hpp): config.json
+// merged, kv_scales.safetensors, the index listing it, kv_cache_scales.json with o.tp > 0. Refuses
+// (nothing written) an --out that exists and is not empty, a calibration of another model, a
+// config with another KV scheme, a checkpoint that already has the scale tensors.
+std::vector<std::string> export_vllm_model(const std::string& model_dir, const std::string& calib_path,
+                                           const std::string& out_dir, const VllmOptions& o, bool copy);
 
 }  // namespace kvq::exporter

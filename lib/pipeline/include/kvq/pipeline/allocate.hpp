@@ -64,8 +64,11 @@ struct AllocateOptions {
   int r_min = 2;
   int measure_tokens = 1024;             // reservoir rows used by cobra-measured
   bool joint_kv = false;                 // one budget over K and V (COBRA exact)
-  // layer-precision (--method and --v-method both): the formats a layer may take, "fp8,nvfp4"
+  // layer-precision (--method and --v-method both): the (K, V) format combinations a layer may take,
+  // "fp8,nvfp4[,fp8_k_nvfp4_v]", and what is minimised: "attention" (the attention error on the
+  // reservoir: K's logit error through the softmax, V's attention-output error) or "mse" (reservoir MSE)
   std::string formats = "fp8,nvfp4";
+  std::string objective = "attention";
 };
 
 // Reads the calibration file, allocates, writes opts.out atomically; returns what was written.

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "kvq/alloc/layer_precision.hpp"
 #include "kvq/format/decision.hpp"
 
 namespace kvq {
@@ -18,7 +19,11 @@ Method allocation_method_from_flag(const std::string& flag, const std::string& n
 // The same check of a Method already parsed (kvq::Error naming `flag` unless allocates(m, side)).
 void check_allocation_method(const std::string& flag, Method m, Side side);
 
-// A --formats value ("fp8,nvfp4", any order, no repeats): kvq::Error naming `flag` otherwise.
-std::vector<MinifloatFormat> minifloat_formats_from_flag(const std::string& flag, const std::string& list);
+// A --formats value: the per-layer (K, V) combinations layer-precision may choose, comma-separated,
+// any order, no repeats: fp8 (both FP8), nvfp4 (both NVFP4), fp8_k_nvfp4_v (K FP8, V NVFP4 —
+// ModelOpt's FP8_K_NVFP4_V). kvq::Error naming `flag` otherwise.
+std::vector<alloc::KvFormatPair> layer_formats_from_flag(const std::string& flag, const std::string& list);
+// The distinct formats the combinations use on either side, in first-use order.
+std::vector<MinifloatFormat> side_formats(const std::vector<alloc::KvFormatPair>& pairs);
 
 }  // namespace kvq

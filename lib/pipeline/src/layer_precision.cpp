@@ -1,0 +1,146 @@
+// layer-precision's costs on the calibration reservoir (reservoir MSE or the attention error) and
+// the allocation from them.
+#include "layer_precision.hpp"
+
+#include <Eigen/Dense>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kvq/codec/codec.hpp"
+#include "kvq/io/h5_paths.hpp"
+#include "kvq/pipeline/allocation_methods.hpp"
+#include "kvq/util/error.hpp"
+#include "reservoir.hpp"
+
+namespace kvq {
+namespace {
+
+using Mat = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+Mat to_mat(const std::vector<float>& x, int64_t n, int d) {
+  Mat m(n, d);
+  for (int64_t t = 0; t < n; ++t)
+    for (int i = 0; i < d; ++i) m(t, i) = x[size_t(t) * size_t(d) + size_t(i)];
+  return m;
+}
+
+// Row-wise softmax of logits S (in place).
+void softmax_rows(Mat& S) {
+  for (Eigen::Index r = 0; r < S.rows(); ++r) {
+    const double mx = S.row(r).maxCoeff();
+    S.row(r) = (S.row(r).array() - mx).exp().matrix();
+    S.row(r) /= S.row(r).sum();
+  }
+}
+
+}  // namespace
+
+LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std::vector<MinifloatFormat>& formats,
+                                                  double margin, bool attention, int measure_tokens,
+                                                  const std::string& calib_path) {
+  const auto sh = c.shape();
+  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads, NQ = c.prov.n_heads;
+  const int G = NQ / H;
+  const size_t F = formats.size();
+  const int64_t n = std::min<int64_t>(c.reservoir.size(), measure_tokens);
+  KVQ_ASSERT(n >= 1 && G >= 1);
+  const int64_t nq = std::min<int64_t>(n, kNormCorrectionQueries);
+  const codec::RopeSpec rope = calib_rope(c.prov);
+  const double inv_sqrt_d = 1.0 / std::sqrt(double(d));
+  LayerPrecisionCosts out;
+  out.k.assign(size_t(L * H) * F, 0.0);
+  out.v.assign(size_t(L * H) * F, 0.0);
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h) {
+      const size_t head = size_t(l * H + h);
+      std::vector<float> x[2] = {reservoir_rows(c, l, h, Side::kK, true, n), reservoir_rows(c, l, h, Side::kV, false, n)};
+      std::vector<float> coded[2][8];
+      for (int s = 0; s < 2; ++s) {
+        const Side side = s == 0 ? Side::kK : Side::kV;
+        const auto& amax = side == Side::kK ? c.moments.k_amax : c.moments.v_amax;
+        for (size_t f = 0; f < F; ++f) {
+          KVQ_ASSERT(f < 8);
+          HeadDecision dec;
+          dec.layer = l;
+          dec.kv_head = h;
+          dec.side = side;
+          dec.kind = CodingKind::kMinifloat;
+          dec.post_rope = side == Side::kK;
+          dec.minifloat = formats[f];
+          dec.scale = alloc::minifloat_scale(dec.minifloat, amax[head], margin,
+                                             calib_path + ": " + (side == Side::kK ? h5path::kStatsAmaxK : h5path::kStatsAmaxV) +
+                                                 "[" + std::to_string(l) + "][" + std::to_string(h) + "]");
+          auto& y = coded[s][f];
+          y.resize(x[s].size());
+          codec::HeadCodec(dec, d).round_trip(x[s].data(), int(n), y.data());
+          if (!attention) {
+            double se = 0;
+            for (size_t i = 0; i < y.size(); ++i) se += double(x[s][i] - y[i]) * double(x[s][i] - y[i]);
+            (s == 0 ? out.k : out.v)[head * F + f] = se / double(n);
+          }
+        }
+      }
+      if (!attention) continue;
+      // The group's queries, rotated at their own positions: [nq * G][d].
+      Mat Q(nq * G, d);
+      std::vector<float> row(static_cast<size_t>(d));
+      for (int64_t t = 0; t < nq; ++t)
+        for (int j = 0; j < G; ++j) {
+          std::copy_n(reservoir_row(c.reservoir.q, t, l, h * G + j, L, NQ, d), d, row.data());
+          codec::reference_apply_rope(row.data(), d, c.reservoir.source[size_t(2 * t + 1)], rope);
+          for (int i = 0; i < d; ++i) Q(t * G + j, i) = row[size_t(i)];
+        }
+      const Mat K = to_mat(x[0], n, d), V = to_mat(x[1], n, d);
+      const Mat S = Q * K.transpose() * inv_sqrt_d;  // logits [queries][keys]
+      Mat P = S;
+      softmax_rows(P);
+      const Mat O = P * V;
+      // The output's mean energy per query; a head whose attention output is exactly 0 has no
+      // relative error to speak of, and then the absolute one is used.
+      const double o_energy = O.squaredNorm() / double(Q.rows());
+      const double v_norm = o_energy > 0 ? o_energy : 1.0;
+      for (size_t f = 0; f < F; ++f) {
+        const Mat Sh = Q * to_mat(coded[0][f], n, d).transpose() * inv_sqrt_d;
+        out.k[head * F + f] = (Sh - S).squaredNorm() / (double(Q.rows()) * double(n));
+        out.v[head * F + f] = (P * (to_mat(coded[1][f], n, d) - V)).squaredNorm() / double(Q.rows()) / v_norm;
+      }
+    }
+  return out;
+}
+
+alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOptions& o) {
+  const auto sh = c.shape();
+  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
+  if (!c.moments.has_amax())
+    throw Error(o.calib, h5path::kStatsAmaxK,
+                "missing: layer-precision needs the activation maxima (calibration format version 3); recapture "
+                "with this calib-capture");
+  const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
+  if (n < 1)
+    throw Error(o.calib, h5path::kReservoir, "empty: layer-precision needs reservoir rows (calib-capture --reservoir-tokens)");
+  if (o.objective != "attention" && o.objective != "mse")
+    throw Error("", "--objective", "unknown value '" + o.objective + "' (attention or mse)");
+  alloc::LayerPrecisionInput in;
+  in.shape = {L, H, d};
+  in.combos = layer_formats_from_flag("--formats", o.formats);
+  in.formats = side_formats(in.combos);
+  in.margin = 1.0;
+  in.k_amax = c.moments.k_amax;
+  in.v_amax = c.moments.v_amax;
+  LayerPrecisionCosts costs =
+      measure_layer_precision_costs(c, in.formats, in.margin, o.objective == "attention", o.measure_tokens, o.calib);
+  in.k_mse = std::move(costs.k);
+  in.v_mse = std::move(costs.v);
+  try {
+    return alloc::allocate_layer_precision(in, o.bpd);
+  } catch (const Error& e) {
+    // The solver names its own parameter; the user typed --bpd.
+    const std::string what = e.what();
+    const std::string prefix = "bits_per_dim: ";
+    if (what.rfind(prefix, 0) == 0) throw Error("", "--bpd", what.substr(prefix.size()));
+    throw;
+  }
+}
+
+}  // namespace kvq
