@@ -24,6 +24,10 @@ RopeType rope_type_from_string(const std::string& s) {
   throw Error("", "rope_type", "unknown value '" + s + "' (expected default, linear, dynamic, llama3 or yarn)");
 }
 
+double ModelConfig::attn_scale() const {
+  return softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim));
+}
+
 std::vector<double> rope_default_inv_freq(double theta, int rotary_dim) {
   std::vector<double> inv(size_t(std::max(0, rotary_dim / 2)));
   for (size_t i = 0; i < inv.size(); ++i) inv[i] = rope_block_default_inv_freq(theta, int(i), rotary_dim);

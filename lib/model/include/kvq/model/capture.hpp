@@ -14,9 +14,11 @@ struct LayerCapture {
   int n_heads = 0;     // query heads
   int n_kv_heads = 0;
   int head_dim = 0;
+  int head_dim_v = 0;  // value rows' dim when it differs from head_dim (MLA); 0: head_dim
   const float* q = nullptr;  // [B][T][n_heads][head_dim], pre-RoPE
   const float* k = nullptr;  // [B][T][n_kv_heads][head_dim], pre-RoPE
-  const float* v = nullptr;  // [B][T][n_kv_heads][head_dim]
+  const float* v = nullptr;  // [B][T][n_kv_heads][v_dim()]
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   const int64_t* positions = nullptr;  // [T], shared by all windows of the batch
 };
 
@@ -31,8 +33,10 @@ class CaptureObserver {
 // (it is orthogonal per block, so they can rotate, code and rotate back).
 struct LayerKv {
   int layer = 0, batch = 0, seq = 0, n_kv_heads = 0, head_dim = 0;
+  int head_dim_v = 0;  // value rows' dim when it differs from head_dim (MLA); 0: head_dim
   float* k = nullptr;  // [B][T][n_kv_heads][head_dim], pre-RoPE
-  float* v = nullptr;
+  float* v = nullptr;  // [B][T][n_kv_heads][v_dim()]
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   const int64_t* positions = nullptr;  // [T]
 };
 

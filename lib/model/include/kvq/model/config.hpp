@@ -43,7 +43,9 @@ struct ModelConfig {
   int n_layers = 0;
   int n_heads = 0;
   int n_kv_heads = 0;
-  int head_dim = 0;
+  int head_dim = 0;      // query and key dim (MLA served form: 64 rotary + kv_lora_rank latent)
+  int head_dim_v = 0;    // value dim when it differs from head_dim (MLA: kv_lora_rank); 0: head_dim
+  double softmax_scale = 0.0;  // logit scale when it is not 1/sqrt(head_dim) (MLA); 0: 1/sqrt(head_dim)
   int intermediate_size = 0;
   int vocab_size = 0;
   int max_seq_len = 0;
@@ -79,6 +81,8 @@ struct ModelConfig {
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
   bool is_moe_layer(int layer) const { return !layer_moe.empty() && layer_moe[size_t(layer)] != 0; }
 
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  double attn_scale() const;  // softmax_scale, else 1/sqrt(head_dim)
   int group_size() const { return n_heads / n_kv_heads; }
   int kv_head_of(int query_head) const { return query_head / group_size(); }
   int n_rope_blocks() const { return head_dim / 2; }  // includes theta=0 pairs past d_r
