@@ -39,6 +39,28 @@ struct GpuLayer {
 // last, so short and long prefixes are both checked at O(T) CPU reference cost per window.
 std::vector<int> attention_steps(int tokens);
 
+// What the cache check needs of a packed cache of one layer (batch = windows, capacity = tokens):
+// kvq::cuda::PackedKvCache on a GPU (verify_gpu.cpp); the CPU emulation of the same kernels in
+// tests/cuda/test_verify_gpu_emulation.cpp, so CI runs this check without a GPU.
+class CacheUnderTest {
+ public:
+  virtual ~CacheUnderTest() = default;
+  virtual void append(const float* k, const float* v) = 0;  // host [batch][n_kv][d], one step
+  virtual void attend(const float* q, float* out) = 0;      // host [batch][n_q][d]
+  virtual std::vector<int32_t> lengths() = 0;
+  virtual std::vector<uint8_t> packed(int seq, int kv_head, Side side) = 0;
+};
+
+// Empty when the fused kernel can take the layer, else why not (GQA group beyond 16, K heads
+// mixing pre- and post-RoPE decisions).
+std::string cache_unsupported(const GpuLayer& g, int max_gqa_group);
+
+// The cache check of one layer (GpuVerifier::cache_layer's body): every token appended, the fused
+// attention at attention_steps against codec::reference_decode_attention over the CPU encoder's
+// bytes of the same tokens, the cache's bytes after the last step against the CPU encoder's. Adds
+// its figures to `out` (cache_*, attention_*).
+void check_cache_layer(const GpuLayer& g, CacheUnderTest& cache, GpuCheck& out);
+
 class GpuVerifier {
  public:
   // Runs when `wanted` and a CUDA device is usable.
