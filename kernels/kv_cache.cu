@@ -163,6 +163,13 @@ PackedKvCache::PackedKvCache(const KvCacheSpec& spec) : impl_(std::make_unique<I
     if (L.n_kivi) L.d_kivi = detail::upload_vector(kivi_jobs[l]);
   }
   I.code_scratch.reset(scratch);
+  const size_t kv_step = sizeof(float) * static_cast<size_t>(B) * n_kv * d;
+  const size_t q_step = sizeof(float) * static_cast<size_t>(B) * spec.n_q_heads * d;
+  I.host_k.reset(kv_step);
+  I.host_v.reset(kv_step);
+  I.host_q.reset(q_step);
+  I.host_out.reset(q_step);
+  I.bytes += 2 * kv_step + 2 * q_step;
   I.bytes += sizeof(float) * (ws_qc + 2 * ws_ml + ws_acc + 2 * static_cast<size_t>(n_kv) * B * d) + scratch;
 }
 
@@ -275,10 +282,9 @@ void PackedKvCache::attend(int layer, const float* q_dev, float* out_dev, void* 
 void PackedKvCache::attend_host(int layer, const float* q_host, float* out_host) const {
   const KvCacheSpec& s = impl_->spec;
   const size_t bytes = sizeof(float) * static_cast<size_t>(s.batch) * s.n_q_heads * s.head_dim;
-  detail::DeviceBuffer q(bytes), out(bytes);
-  q.upload(q_host, bytes);
-  attend(layer, q.as<float>(), out.as<float>(), nullptr);
-  out.download(out_host, bytes);  // cudaMemcpy: waits for the default stream
+  impl_->host_q.upload(q_host, bytes);
+  attend(layer, impl_->host_q.as<float>(), impl_->host_out.as<float>(), nullptr);
+  impl_->host_out.download(out_host, bytes);  // cudaMemcpy: waits for the default stream
 }
 
 }  // namespace kvq::cuda

@@ -35,10 +35,9 @@ void PackedKvCache::append(int layer, const float* k_dev, const float* v_dev, vo
 void PackedKvCache::append_host(int layer, const float* k_host, const float* v_host) {
   const KvCacheSpec& s = impl_->spec;
   const size_t bytes = sizeof(float) * static_cast<size_t>(s.batch) * s.n_kv_heads * s.head_dim;
-  detail::DeviceBuffer k(bytes), v(bytes);
-  k.upload(k_host, bytes);
-  v.upload(v_host, bytes);
-  append(layer, k.as<float>(), v.as<float>(), nullptr);
+  impl_->host_k.upload(k_host, bytes);
+  impl_->host_v.upload(v_host, bytes);
+  append(layer, impl_->host_k.as<float>(), impl_->host_v.as<float>(), nullptr);
   KVQ_CUDA_CHECK(cudaDeviceSynchronize());
 }
 

@@ -57,6 +57,8 @@ struct kvq::cuda::PackedKvCache::Impl {
   detail::DeviceBuffer ws_qc, ws_m, ws_l, ws_acc;
   detail::DeviceBuffer x_scratch;     // append: [2][n_kv][batch][d] fp32
   detail::DeviceBuffer code_scratch;  // append: the largest K + V step bytes
+  // append_host / attend_host: the step's inputs and output on the device (allocated once).
+  detail::DeviceBuffer host_k, host_v, host_q, host_out;
   size_t bytes = 0;
 
   const detail::CacheLayer& layer(int l) const;

@@ -83,7 +83,7 @@ class PackedKvCache {
   void attend(int layer, const float* q_dev, float* out_dev, void* stream = nullptr) const;
 
   // ---- the same steps on host buffers, synchronous (checks such as kvq-verify; not for graphs:
-  // they allocate, copy and wait) ----
+  // they copy and wait; the device buffers are the cache's own) ----
   void append_host(int layer, const float* k_host, const float* v_host);
   void attend_host(int layer, const float* q_host, float* out_host) const;
 
