@@ -50,6 +50,16 @@ void encode_batch_async(const EncodeJob* jobs_dev, int n_jobs, int n_tokens, voi
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
 
+namespace detail {
+void launch_kivi_k_append(const KiviKAppend* jobs_dev, int n_jobs, int batch, const int32_t* lengths, int capacity,
+                          cudaStream_t stream) {
+  if (n_jobs == 0) return;
+  kivi_k_append_kernel<<<dim3(static_cast<unsigned>(batch), static_cast<unsigned>(n_jobs)), kThreads, 0, stream>>>(
+      jobs_dev, lengths, capacity);
+  KVQ_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace detail
+
 void DeviceHead::encode(const float* x, int n_tokens, uint8_t* out) const {
   KVQ_ASSERT(n_tokens >= 0);
   if (n_tokens == 0) return;

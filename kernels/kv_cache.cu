@@ -12,7 +12,8 @@ namespace detail {
 namespace {
 
 // grid (n_kv, batch, side): one block of 32 threads copies one token's block to position
-// lengths[b] of sequence b's stream.
+// lengths[b] of sequence b's stream (nothing for a KIVI K head: block_bytes 0, see
+// kivi_k_append_kernel).
 __global__ void append_tokens_kernel(const AppendHead* heads, int n_kv, const uint8_t* k_src, const uint8_t* v_src,
                                      const int32_t* lengths, int capacity, int32_t* overflow) {
   const int h = blockIdx.x, b = blockIdx.y, side = blockIdx.z;
@@ -70,6 +71,8 @@ PackedKvCache::PackedKvCache(const KvCacheSpec& spec) : impl_(std::make_unique<I
   if (B < 1 || spec.capacity < 1)
     throw Error("", "kv cache: batch / capacity", std::to_string(B) + " / " + std::to_string(spec.capacity));
   size_t ws_qc = 0, ws_ml = 0, ws_acc = 0, scratch = 0;
+  std::vector<std::vector<detail::KiviKAppend>> kivi_jobs(spec.layers.size());
+  std::vector<std::vector<int>> kivi_heads(spec.layers.size());
   for (size_t l = 0; l < spec.layers.size(); ++l) {
     const KvCacheLayer& src = spec.layers[l];
     const std::string where = "kv cache: layer " + std::to_string(l);
@@ -113,12 +116,22 @@ PackedKvCache::PackedKvCache(const KvCacheSpec& spec) : impl_(std::make_unique<I
         L.streams.emplace_back(seq * static_cast<size_t>(B));
         I.bytes += seq * static_cast<size_t>(B);
         const layout::PackedLayout& pl = dh.codec().layout();
-        L.appendable = L.appendable && pl.tokens_per_block == 1;
+        const bool multi = pl.tokens_per_block > 1;  // KIVI K
+        L.appendable = L.appendable && !multi;
         uint8_t* base = L.streams.back().as<uint8_t>();
         KVQ_CUDA_CHECK(cudaMemset(base, 0, seq * static_cast<size_t>(B)));
         for (int b = 0; b < B; ++b) (side ? vptr : kptr)[static_cast<size_t>(b * n_kv + h)] = base + seq * b;
-        app[static_cast<size_t>(side * n_kv + h)] = {base, seq, off, pl.block_bytes};
-        off += static_cast<unsigned long long>(pl.block_bytes) * static_cast<unsigned long long>(B);
+        const uint32_t step_block = multi ? 0u : pl.block_bytes;
+        app[static_cast<size_t>(side * n_kv + h)] = {base, seq, off, step_block};
+        off += static_cast<unsigned long long>(step_block) * static_cast<unsigned long long>(B);
+        if (multi) {  // x is filled in once the append scratch exists
+          const size_t rows = static_cast<size_t>(B) * pl.tokens_per_block * static_cast<size_t>(d);
+          L.kivi_rows.emplace_back(sizeof(float) * rows);
+          KVQ_CUDA_CHECK(cudaMemset(L.kivi_rows.back().as<void>(), 0, sizeof(float) * rows));
+          I.bytes += sizeof(float) * rows;
+          kivi_jobs[l].push_back({dh.impl().d_view.as<detail::DevHead>(), nullptr, L.kivi_rows.back().as<float>(), base, seq});
+          kivi_heads[l].push_back(h);
+        }
       }
       L.step_bytes[side] = off;
     }
@@ -140,7 +153,23 @@ PackedKvCache::PackedKvCache(const KvCacheSpec& spec) : impl_(std::make_unique<I
   I.ws_l.reset(sizeof(float) * ws_ml);
   I.ws_acc.reset(sizeof(float) * ws_acc);
   I.x_scratch.reset(sizeof(float) * 2 * static_cast<size_t>(n_kv) * B * d);
+  for (size_t l = 0; l < n_layers; ++l) {
+    detail::CacheLayer& L = I.layers[l];
+    L.kivi_open_unknown.assign(static_cast<size_t>(B), 0);
+    L.n_kivi = static_cast<int>(kivi_jobs[l].size());
+    // K rows of head h in the gathered step: x_scratch [side 0][h][batch][d].
+    for (size_t i = 0; i < kivi_jobs[l].size(); ++i)
+      kivi_jobs[l][i].x = I.x_scratch.as<float>() + static_cast<size_t>(kivi_heads[l][i]) * B * d;
+    if (L.n_kivi) L.d_kivi = detail::upload_vector(kivi_jobs[l]);
+  }
   I.code_scratch.reset(scratch);
+  const size_t kv_step = sizeof(float) * static_cast<size_t>(B) * n_kv * d;
+  const size_t q_step = sizeof(float) * static_cast<size_t>(B) * spec.n_q_heads * d;
+  I.host_k.reset(kv_step);
+  I.host_v.reset(kv_step);
+  I.host_q.reset(q_step);
+  I.host_out.reset(q_step);
+  I.bytes += 2 * kv_step + 2 * q_step;
   I.bytes += sizeof(float) * (ws_qc + 2 * ws_ml + ws_acc + 2 * static_cast<size_t>(n_kv) * B * d) + scratch;
 }
 
@@ -175,6 +204,13 @@ void PackedKvCache::load(int layer, int seq, const std::vector<const uint8_t*>& 
       KVQ_CUDA_CHECK(cudaMemcpy(L.streams[i].as<uint8_t>() + L.seq_bytes[i] * static_cast<size_t>(seq),
                                 (v ? v_packed : k_packed)[h], bytes, cudaMemcpyHostToDevice));
   }
+  // The open group's fp32 rows are not in the packed bytes: append cannot continue a partial one.
+  bool partial = false;
+  for (const DeviceHead& dh : L.kdev) {
+    const uint32_t g = dh.codec().layout().tokens_per_block;
+    partial = partial || (g > 1 && n_tokens % static_cast<int>(g) != 0);
+  }
+  impl_->layers[static_cast<size_t>(layer)].kivi_open_unknown[static_cast<size_t>(seq)] = partial;
   const int32_t n = n_tokens;
   KVQ_CUDA_CHECK(cudaMemcpy(impl_->lengths.as<int32_t>() + static_cast<size_t>(layer) * s.batch + seq, &n,
                             sizeof(n), cudaMemcpyHostToDevice));
@@ -213,15 +249,22 @@ size_t PackedKvCache::packed_step_bytes(int layer, Side side) const {
 void PackedKvCache::append_packed(int layer, const uint8_t* k_dev, const uint8_t* v_dev, void* stream) {
   const detail::CacheLayer& L = impl_->layer(layer);
   if (!L.appendable)
-    throw Error("", "kv cache: append layer " + std::to_string(layer),
-                "a head stores several tokens per block (KIVI K): load whole blocks instead");
-  const KvCacheSpec& s = impl_->spec;
-  const cudaStream_t st = static_cast<cudaStream_t>(stream);
-  int32_t* len = impl_->lengths.as<int32_t>() + static_cast<size_t>(layer) * s.batch;
+    throw Error("", "kv cache: append_packed layer " + std::to_string(layer),
+                "a head stores several tokens per block (KIVI K): use append, which re-encodes its open group");
+  impl_->launch_append(layer, k_dev, v_dev, static_cast<cudaStream_t>(stream));
+}
+
+void PackedKvCache::Impl::launch_append(int l, const uint8_t* k_dev, const uint8_t* v_dev, cudaStream_t st) {
+  const detail::CacheLayer& L = layer(l);
+  const KvCacheSpec& s = spec;
+  int32_t* len = lengths.as<int32_t>() + static_cast<size_t>(l) * s.batch;
   detail::append_tokens_kernel<<<dim3(static_cast<unsigned>(s.n_kv_heads), static_cast<unsigned>(s.batch), 2), 32, 0,
                                  st>>>(L.d_append.as<detail::AppendHead>(), s.n_kv_heads, k_dev, v_dev, len,
-                                       s.capacity, impl_->overflow.as<int32_t>());
+                                       s.capacity, overflow.as<int32_t>());
   KVQ_CUDA_CHECK(cudaGetLastError());
+  // KIVI K: the open block re-encoded from its rows (the new row from the step's gathered tokens),
+  // before the lengths advance (the kernel reads them).
+  detail::launch_kivi_k_append(L.d_kivi.as<detail::KiviKAppend>(), L.n_kivi, s.batch, len, s.capacity, st);
   detail::advance_lengths_kernel<<<(s.batch + 127) / 128, 128, 0, st>>>(len, s.batch, s.capacity);
   KVQ_CUDA_CHECK(cudaGetLastError());
 }
@@ -234,6 +277,14 @@ void PackedKvCache::attend(int layer, const float* q_dev, float* out_dev, void* 
                L.d_vptr.as<const uint8_t*>(), q_dev, lengths_device(layer), nullptr, 0, L.d_freq.as<double>(),
                I.ws_qc.as<float>(), I.ws_m.as<float>(), I.ws_l.as<float>(), I.ws_acc.as<float>()});
   detail::launch_attention(L.plan, P, out_dev, static_cast<cudaStream_t>(stream));
+}
+
+void PackedKvCache::attend_host(int layer, const float* q_host, float* out_host) const {
+  const KvCacheSpec& s = impl_->spec;
+  const size_t bytes = sizeof(float) * static_cast<size_t>(s.batch) * s.n_q_heads * s.head_dim;
+  impl_->host_q.upload(q_host, bytes);
+  attend(layer, impl_->host_q.as<float>(), impl_->host_out.as<float>(), nullptr);
+  impl_->host_out.download(out_host, bytes);  // cudaMemcpy: waits for the default stream
 }
 
 }  // namespace kvq::cuda

@@ -28,11 +28,23 @@ struct CacheLayer {
   AttnPlan plan;
   DeviceBuffer d_freq;
   size_t step_bytes[2] = {0, 0};         // K, V: bytes of one step's tokens, all heads
-  bool appendable = true;                // every head stores one token per block
+  bool appendable = true;                // every head stores one token per block (append_packed)
+  // KIVI K heads (several tokens per block): append re-encodes each sequence's open block from
+  // its fp32 rows (kivi_k_append_kernel) instead of copying a coded token.
+  std::vector<DeviceBuffer> kivi_rows;   // per KIVI K head: [batch][group_size][d] fp32
+  DeviceBuffer d_kivi;                   // KiviKAppend [n_kivi]
+  int n_kivi = 0;
+  // Per sequence: a load left a partial KIVI K group whose fp32 rows the cache does not have, so
+  // append cannot continue it (host-side, set by load).
+  std::vector<char> kivi_open_unknown;
 };
 
 // [batch][n_kv][d] fp32 (K and V) -> x [side][n_kv][batch][d], so that each head's tokens are
 // contiguous for encode_async.
+// kivi_k_append_kernel over grid (batch, n_jobs) (kernels/encode.cu, where the encoder lives).
+void launch_kivi_k_append(const KiviKAppend* jobs_dev, int n_jobs, int batch, const int32_t* lengths, int capacity,
+                          cudaStream_t stream);
+
 void launch_gather_tokens(const float* k, const float* v, float* x, int batch, int n_kv, int d, cudaStream_t s);
 
 }  // namespace kvq::cuda::detail
@@ -45,7 +57,12 @@ struct kvq::cuda::PackedKvCache::Impl {
   detail::DeviceBuffer ws_qc, ws_m, ws_l, ws_acc;
   detail::DeviceBuffer x_scratch;     // append: [2][n_kv][batch][d] fp32
   detail::DeviceBuffer code_scratch;  // append: the largest K + V step bytes
+  // append_host / attend_host: the step's inputs and output on the device (allocated once).
+  detail::DeviceBuffer host_k, host_v, host_q, host_out;
   size_t bytes = 0;
 
   const detail::CacheLayer& layer(int l) const;
+  // The step's coded tokens (append_packed's layout; KIVI K heads take none) into the streams,
+  // the KIVI K heads' open blocks re-encoded from x_scratch, then the lengths advanced.
+  void launch_append(int l, const uint8_t* k_dev, const uint8_t* v_dev, cudaStream_t st);
 };

@@ -20,7 +20,7 @@ TOKENS = [8192, 32768, 131072, 524288]
 BATCHES = [1, 16]
 D = 128
 REPS = 20
-MIXES = ["tq_k3v3", "tq_k2v2", "gtq_compact_3bpd", "lowrank_r16b4_tqv3", "kivi2"]  # bench mix ids
+MIXES = ["tq_k3v3", "tq_k2v2", "gtq_compact_3bpd", "lowrank_r16b4_tqv3", "kivi2", "fp8", "nvfp4"]  # bench mix ids
 
 
 def sdpa(out_path):

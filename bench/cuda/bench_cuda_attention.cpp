@@ -2,7 +2,8 @@
 // at the papers' shapes: Llama-3.1-8B (32 query / 8 KV heads, d 128) and Qwen2.5-3B (16 / 2,
 // d 128), T in {8K, 32K, 128K, 512K}, batch 1 and 16, for uniform TQ K3V3 and K2V2, Block-GTQ
 // mixed widths {2,3,4} with compact norms (3.125 bpd, as uniform K3), KV-COBRA low rank r16 b4
-// (pre-RoPE keys, rotated on the fly) with TQ V3, and KIVI 2-bit. The L2 is flushed (a 512 MiB
+// (pre-RoPE keys, rotated on the fly) with TQ V3, KIVI 2-bit, and FP8 E4M3 / NVFP4 on both sides
+// (T up to 128K: 8 and 4.5 bits per value). The L2 is flushed (a 512 MiB
 // write) before every timed call; each call is timed alone with CUDA events. Counters: us per
 // step, GB/s of the packed bytes the step must read (K and V of every attended token, q and out),
 // the fraction of the device's peak DRAM bandwidth and of a measured device-to-device copy.
@@ -101,9 +102,19 @@ HeadDecision kivi(Side side, int bits) {
   return dec;
 }
 
-enum Mix { kTqK3V3, kTqK2V2, kGtqCompact, kLowRankR16, kKivi2 };
+HeadDecision minifloat(kvq::MinifloatFormat f, Side side) {
+  HeadDecision dec;
+  dec.side = side;
+  dec.post_rope = true;
+  dec.kind = CodingKind::kMinifloat;
+  dec.minifloat = f;
+  dec.scale = f == kvq::MinifloatFormat::kFp8E4M3 ? 1.f / 64 : 0.003f;  // Gaussian rows, no saturation
+  return dec;
+}
+
+enum Mix { kTqK3V3, kTqK2V2, kGtqCompact, kLowRankR16, kKivi2, kFp8, kNvfp4, kNumMixes };
 const char* mix_name(int m) {
-  static const char* n[] = {"tq_k3v3", "tq_k2v2", "gtq_compact_3bpd", "lowrank_r16b4_tqv3", "kivi2"};
+  static const char* n[] = {"tq_k3v3", "tq_k2v2", "gtq_compact_3bpd", "lowrank_r16b4_tqv3", "kivi2", "fp8", "nvfp4"};
   return n[m];
 }
 std::pair<HeadDecision, HeadDecision> mix(int m, int h) {
@@ -113,6 +124,8 @@ std::pair<HeadDecision, HeadDecision> mix(int m, int h) {
     case kTqK2V2: return {tq(2, s, Side::kK), tq(2, s + 100, Side::kV)};
     case kGtqCompact: return {gtq_compact(s), tq(3, s + 100, Side::kV)};
     case kLowRankR16: return {lowrank(16, 4, s), tq(3, s + 100, Side::kV)};
+    case kFp8: return {minifloat(kvq::MinifloatFormat::kFp8E4M3, Side::kK), minifloat(kvq::MinifloatFormat::kFp8E4M3, Side::kV)};
+    case kNvfp4: return {minifloat(kvq::MinifloatFormat::kNvfp4, Side::kK), minifloat(kvq::MinifloatFormat::kNvfp4, Side::kV)};
     default: return {kivi(Side::kK, 2), kivi(Side::kV, 2)};
   }
 }
@@ -258,9 +271,10 @@ void attention_step(benchmark::State& st) {
 
 void attention_args(benchmark::internal::Benchmark* b) {
   for (int model = 0; model < 2; ++model)
-    for (int m = 0; m < 5; ++m)
+    for (int m = 0; m < kNumMixes; ++m)
       for (int T : {8192, 32768, 131072, 524288})
         for (int B : {1, 16}) {
+          if (m >= kFp8 && T > 131072) continue;  // 2-3x the bytes of the 3-bit mixes
           if (model == 0) b->Args({32, 8, T, B, m});
           else b->Args({16, 2, T, B, m});
         }
@@ -294,7 +308,7 @@ void decode_to_fp32(benchmark::State& st) {
 
 #ifdef KVQ_HAVE_GPU_ENCODER
 // One append step: every sequence's new token, every KV head of one layer, coded on the GPU and
-// written (Llama-3.1-8B's 8 KV heads). Each call timed alone.
+// written (Llama-3.1-8B's 8 KV heads; KIVI K re-encodes its open group). Each call timed alone.
 void append_step(benchmark::State& st) {
   if (!kvq_cuda_available()) {
     st.SkipWithError("no CUDA device");
@@ -340,11 +354,11 @@ void append_step(benchmark::State& st) {
   cudaFree(k);
   cudaFree(v);
 }
-BENCHMARK(append_step)->ArgsProduct({{1, 16}, {0, 2, 3}})->UseManualTime()->Iterations(200)->Unit(benchmark::kMicrosecond);
+BENCHMARK(append_step)->ArgsProduct({{1, 16}, {0, 2, 3, 4, 5}})->UseManualTime()->Iterations(200)->Unit(benchmark::kMicrosecond);
 #endif
 
 }  // namespace
 
 BENCHMARK(attention_step)->Apply(attention_args)->UseManualTime()->Iterations(20)->Unit(benchmark::kMicrosecond);
-BENCHMARK(decode_to_fp32)->DenseRange(0, 4)->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
+BENCHMARK(decode_to_fp32)->DenseRange(0, kNumMixes - 1)->UseManualTime()->Iterations(3)->Unit(benchmark::kMicrosecond);
 BENCHMARK_MAIN();

@@ -203,6 +203,77 @@ TEST(AttentionEmulation, LowRankAndKivi) {
   for (const Case& c : cases) run_case(c);
 }
 
+HeadDecision minifloat(MinifloatFormat f, float scale, Side side) {
+  HeadDecision x;
+  x.side = side;
+  x.kind = CodingKind::kMinifloat;
+  x.minifloat = f;
+  x.scale = scale;
+  return x;
+}
+
+// FP8 E4M3 (per-head scale) and NVFP4 (16-value blocks, E4M3 block scales, a global scale) on
+// either side, against TQ and each other; post- and pre-RoPE keys; d not a multiple of 16 (NVFP4's
+// last block short); GQA 1..16; a window.
+TEST(AttentionEmulation, Minifloat) {
+  const auto fp8 = [](Side s) { return minifloat(MinifloatFormat::kFp8E4M3, 1.f / 64, s); };
+  const auto nv = [](Side s) { return minifloat(MinifloatFormat::kNvfp4, 0.003f, s); };
+  const std::vector<Case> cases = {
+      {"fp8_both_d128_gqa4_ragged", 128, 8, 2, {1, 45, 300}, [&](int) { return fp8(Side::kK); },
+       [&](int) { return fp8(Side::kV); }},
+      {"nvfp4_both_d64_gqa16", 64, 16, 1, {97, 33}, [&](int) { return nv(Side::kK); }, [&](int) { return nv(Side::kV); }},
+      {"fp8_k_tq_v_d96_mha", 96, 2, 2, {70}, [&](int) { return fp8(Side::kK); },
+       [](int h) { return t::tq_uniform(96, 3, 9 + h, Side::kV); }},
+      {"tq_k_nvfp4_v_d256", 256, 4, 1, {50, 129}, [](int) { return t::tq_blocks(256, {2, 3, 4}); },
+       [&](int) { return nv(Side::kV); }},
+      {"nvfp4_k_fp8_v_d8_mixed_per_head", 8, 4, 2, {40}, [&](int h) { return h ? nv(Side::kK) : fp8(Side::kK); },
+       [&](int h) { return h ? fp8(Side::kV) : nv(Side::kV); }},
+      {"nvfp4_k_d40_short_block", 40, 4, 1, {64}, [&](int) { return nv(Side::kK); }, [&](int) { return fp8(Side::kV); }},
+      {"fp8_pre_rope_split_half_d64", 64, 4, 1, {70}, [&](int) { return pre_rope(fp8(Side::kK)); },
+       [&](int) { return nv(Side::kV); }, true, false},
+      {"nvfp4_pre_rope_interleaved_window_d128", 128, 8, 2, {90, 20}, [&](int) { return pre_rope(nv(Side::kK)); },
+       [&](int) { return fp8(Side::kV); }, true, true, false, 37},
+  };
+  for (const Case& c : cases) run_case(c);
+}
+
+// Negative control: the comparison sees a minifloat scale the kernel got wrong (the K head's
+// per-head FP8 scale doubled in the device view only).
+TEST(AttentionEmulation, MinifloatNegativeControl) {
+  HeadCodec k(minifloat(MinifloatFormat::kFp8E4M3, 1.f / 64, Side::kK), 64);
+  HeadCodec v(minifloat(MinifloatFormat::kNvfp4, 0.003f, Side::kV), 64);
+  HostTables tables;
+  std::vector<DevHead> kh{tables.head(k)}, vh{tables.head(v)};
+  const int T = 40, n_q = 4, d = 64;
+  const std::vector<float> kx = t::gaussian_rows(T, d, 11), vx = t::gaussian_rows(T, d, 12);
+  const std::vector<float> q = t::gaussian_rows(n_q, d, 13, 1.5);
+  const std::vector<uint8_t> kp = k.encode(kx.data(), T), vp = v.encode(vx.data(), T);
+  const uint8_t* kptr = kp.data();
+  const uint8_t* vptr = vp.data();
+  AttnShape sh;
+  sh.n_q_heads = n_q, sh.n_kv_heads = 1, sh.head_dim = d, sh.max_tokens = T;
+  std::vector<float> cpu(static_cast<size_t>(n_q) * d);
+  codec::AttentionProblem p;
+  p.n_q_heads = n_q, p.n_kv_heads = 1, p.head_dim = d, p.n_tokens = T, p.q = q.data();
+  p.k_codecs = {&k}, p.v_codecs = {&v}, p.k_packed = {kptr}, p.v_packed = {vptr};
+  codec::reference_decode_attention(p, cpu.data());
+  double worst[2] = {0, 0};
+  for (int wrong = 0; wrong < 2; ++wrong) {
+    std::vector<DevHead> khw = kh;
+    if (wrong) khw[0].mf_scale *= 2;
+    const AttnPlan plan = plan_attention(sh, {&k}, khw, vh, 4);
+    std::vector<float> ws_qc(plan.ws_qc), ws_m(plan.ws_ml), ws_l(plan.ws_ml), ws_acc(plan.ws_acc), out(cpu.size());
+    const AttnParams P = make_attn_params(plan, {khw.data(), vh.data(), &kptr, &vptr, q.data(), nullptr, nullptr, 0,
+                                                 nullptr, ws_qc.data(), ws_m.data(), ws_l.data(), ws_acc.data()});
+    kvq_emu::launch({static_cast<unsigned>(n_q), 1, 1}, kThreads, plan.smem_query, [&] { attention_query_kernel(P); });
+    kvq_emu::launch({static_cast<unsigned>(P.n_splits), 1, 1}, kThreads, plan.smem_partial, [&] { attention_partial_kernel(P); });
+    kvq_emu::launch({static_cast<unsigned>(n_q), 1, 1}, kThreads, plan.smem_combine, [&] { attention_combine_kernel(P, out.data()); });
+    for (size_t i = 0; i < cpu.size(); ++i) worst[wrong] = std::max(worst[wrong], double(std::fabs(out[i] - cpu[i])));
+  }
+  EXPECT_LT(worst[0], 2e-4);
+  EXPECT_GT(worst[1], 1e-2) << "a doubled FP8 scale should not agree";
+}
+
 // Pre-RoPE keys (KV-COBRA, the TQ baselines): decoded to x and rotated at their positions, both
 // pairings, model-given frequencies and attention factor.
 TEST(AttentionEmulation, PreRopeKeys) {

@@ -41,6 +41,15 @@ struct Dev {
   }
 };
 
+HeadDecision minifloat(MinifloatFormat f, float scale, Side side) {
+  HeadDecision x;
+  x.side = side;
+  x.kind = CodingKind::kMinifloat;
+  x.minifloat = f;
+  x.scale = scale;
+  return x;
+}
+
 struct CacheCase {
   std::string name;
   int d, n_q, n_kv;
@@ -155,6 +164,10 @@ std::vector<CacheCase> setups() {
        [](int) { return t::tq_uniform(64, 2, 9, Side::kV); }, true, 0, 1024},
       {"kivi_v_d256_mha", 256, 2, 2, {129, 5}, [](int) { return t::tq_uniform(256, 2); },
        [](int) { return t::kivi(Side::kV, 2); }, false, 0, 256},
+      {"fp8_k_nvfp4_v_gqa4", 128, 16, 4, {1, 300, 77}, [](int) { return minifloat(MinifloatFormat::kFp8E4M3, 1.f / 64, Side::kK); },
+       [](int) { return minifloat(MinifloatFormat::kNvfp4, 0.003f, Side::kV); }, false, 0, 512},
+      {"nvfp4_pre_rope_k_fp8_v", 64, 8, 2, {50, 3}, [](int) { HeadDecision x = minifloat(MinifloatFormat::kNvfp4, 0.003f, Side::kK); x.post_rope = false; return x; },
+       [](int) { return minifloat(MinifloatFormat::kFp8E4M3, 1.f / 64, Side::kV); }, true, 0, 128},
   };
 }
 
@@ -272,6 +285,10 @@ TEST(CudaKvCache, RejectsBadArguments) {
   PackedKvCache cache(make_spec(s, host));
   load_all(s, host, cache);  // whole KIVI K blocks load fine
   EXPECT_THROW(cache.append_packed(0, nullptr, nullptr), Error);  // one token per block needed
+#ifdef KVQ_HAVE_GPU_ENCODER
+  // 40 tokens: a partial KIVI K group whose rows the cache never saw.
+  EXPECT_THROW(cache.append(0, nullptr, nullptr), Error);
+#endif
   std::vector<const uint8_t*> none(1, nullptr);
   EXPECT_THROW(cache.load(0, 0, none, none, 65), Error);  // beyond the capacity
   EXPECT_THROW(cache.load(0, 1, none, none, 1), Error);   // no such sequence
@@ -308,6 +325,72 @@ TEST(CudaKvCache, AppendCodesLikeTheCpuEncoder) {
       }
     const std::vector<float> q = t::gaussian_rows(B * s.n_q, s.d, 5, 1.5);
     check_attend(s, host, cache, q, "appended");
+  }
+}
+
+// A whole decode step through the GPU encoder (append + attend) captured once in a CUDA graph and
+// replayed for 40 steps with new rows and queries each time (written into the captured buffers
+// between replays): after every replay the cache holds the CPU encoder's bytes of all the rows so
+// far and the output equals the CPU reference. KIVI K crosses group boundaries (its open group
+// re-encoded every step), minifloat and Block-GTQ keys, a sliding window, pre-RoPE keys.
+TEST(CudaKvCache, GpuEncodedStepsInAGraph) {
+  REQUIRE_GPU();
+  const std::vector<CacheCase> cases = {
+      {"kivi_k_g32_tq_v", 64, 8, 2, {32, 64}, [](int) { return t::kivi(Side::kK, 2, 32); },
+       [](int h) { return t::tq_uniform(64, 3, 9 + h, Side::kV); }, false, 0, 160},
+      {"kivi_k_g16_pre_rope_window", 128, 4, 1, {16, 48}, [](int) { HeadDecision x = t::kivi(Side::kK, 4, 16); x.post_rope = false; return x; },
+       [](int) { return t::kivi(Side::kV, 2); }, true, 50, 128},
+      {"fp8_k_nvfp4_v", 128, 16, 2, {1, 100}, [](int) { return minifloat(MinifloatFormat::kFp8E4M3, 1.f / 64, Side::kK); },
+       [](int) { return minifloat(MinifloatFormat::kNvfp4, 0.003f, Side::kV); }, false, 0, 160},
+      {"gtq_compact_k_lrh_v", 96, 8, 2, {5, 70}, [](int h) { return t::compact_norms(t::tq_blocks(96, {2, 3, 4}), 96, 8, 5 + h); },
+       [](int h) { return t::with_mean(t::lrh(96, 24, 4, 3 + h, Side::kV)); }, false, 0, 128},
+  };
+  for (const CacheCase& s : cases) {
+    Host host;
+    PackedKvCache cache(make_spec(s, host));
+    load_all(s, host, cache);
+    const int B = static_cast<int>(s.lengths.size());
+    const size_t kv = static_cast<size_t>(B) * s.n_kv * s.d, per = static_cast<size_t>(s.n_q) * s.d;
+    Dev<float> dk(kv), dv(kv), dq(B * per), dout(B * per);
+    cudaStream_t st;
+    CUDA_OK(cudaStreamCreate(&st));
+    cudaGraph_t graph;
+    CUDA_OK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    cache.append(0, dk.p, dv.p, st);
+    cache.attend(0, dq.p, dout.p, st);
+    CUDA_OK(cudaStreamEndCapture(st, &graph));
+    cudaGraphExec_t exec;
+    CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int step = 1; step <= 40; ++step) {
+      const std::vector<float> k = t::gaussian_rows(B * s.n_kv, s.d, 1000 + step), v = t::gaussian_rows(B * s.n_kv, s.d, 2000 + step);
+      const std::vector<float> q = t::gaussian_rows(B * s.n_q, s.d, 3000 + step, 1.5);
+      dk.put(k);
+      dv.put(v);
+      dq.put(q);
+      CUDA_OK(cudaGraphLaunch(exec, st));
+      CUDA_OK(cudaStreamSynchronize(st));
+      const std::vector<int32_t> lens = cache.lengths(0);
+      const std::vector<float> out = dout.get(B * per);
+      for (int b = 0; b < B; ++b) {
+        const int T = s.lengths[static_cast<size_t>(b)] + step;
+        ASSERT_EQ(lens[static_cast<size_t>(b)], T) << s.name;
+        for (int h = 0; h < s.n_kv; ++h) {
+          const size_t i = static_cast<size_t>(b * s.n_kv + h);
+          host.kx[i].insert(host.kx[i].end(), k.begin() + i * s.d, k.begin() + (i + 1) * s.d);
+          host.vx[i].insert(host.vx[i].end(), v.begin() + i * s.d, v.begin() + (i + 1) * s.d);
+          EXPECT_EQ(cache.packed(0, b, h, Side::kK), host.kc[static_cast<size_t>(h)].encode(host.kx[i].data(), T))
+              << s.name << " step " << step << " seq " << b << " head " << h;
+          EXPECT_EQ(cache.packed(0, b, h, Side::kV), host.vc[static_cast<size_t>(h)].encode(host.vx[i].data(), T))
+              << s.name << " step " << step << " seq " << b << " head " << h;
+        }
+        expect_close(s.name + " step " + std::to_string(step) + " seq " + std::to_string(b),
+                     reference(s, host, b, q.data() + b * per), out.data() + b * per);
+      }
+    }
+    EXPECT_FALSE(cache.overflowed());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
   }
 }
 #endif

@@ -321,6 +321,81 @@ TEST(EncodeEmulation, BatchOfMixedKindsInOneLaunch) {
   }
 }
 
+// KIVI K append (PackedKvCache::append's kivi_k_append_kernel): one token per sequence per step
+// into each sequence's open group, the block re-encoded from the group's fp32 rows. After every
+// step each sequence's stream must equal the CPU encoder's bytes of all its tokens so far (the
+// scales and zeros of a partial group span only the tokens present). Sequences start at different
+// lengths (whole groups already in place, as after a load), one fills up and is then left alone.
+struct KiviAppendResult {
+  int steps_checked = 0;
+  int mismatching_steps = 0;
+};
+KiviAppendResult run_kivi_k_append(int d, int bits, int g, bool stale_rows) {
+  const HeadCodec c(t::kivi(Side::kK, bits, g), d);
+  HostTables tables;
+  const DevHead h = tables.head(c);
+  const int B = 3, capacity = 3 * g + 5;
+  const std::vector<int32_t> start = {0, g, 2 * g};  // whole groups loaded: no open rows needed
+  const int steps = 2 * g + 7;                        // sequences 1 and 2 reach capacity
+  const size_t seq_bytes = c.packed_bytes(capacity);
+  std::vector<uint8_t> stream(seq_bytes * B, 0);
+  std::vector<float> rows(static_cast<size_t>(B) * g * d, 0.f);
+  std::vector<int32_t> len = start;
+  // Every token each sequence will ever hold: awkward rows (ties, zeros, huge values) and Gaussians.
+  std::vector<std::vector<float>> x(B);
+  for (int b = 0; b < B; ++b) {
+    // The control corrupts an open row by +1: Gaussian rows, so that it moves a record (next to
+    // awkward_rows' 3e4-scaled rows, fp16-saturated scales could hide it).
+    x[b] = stale_rows ? t::gaussian_rows(capacity, d, 40 + b) : awkward_rows(capacity, d, 40 + b);
+    const std::vector<uint8_t> pre = c.encode(x[b].data(), start[b]);
+    std::copy(pre.begin(), pre.end(), stream.begin() + static_cast<std::ptrdiff_t>(seq_bytes * b));
+  }
+  KiviKAppend job{&h, nullptr, rows.data(), stream.data(), seq_bytes};
+  std::vector<float> step_x(static_cast<size_t>(B) * d);
+  KiviAppendResult r;
+  for (int s = 0; s < steps; ++s) {
+    for (int b = 0; b < B; ++b) {
+      const int tok = std::min(len[b], capacity - 1);  // a full sequence's row is ignored
+      std::copy_n(x[b].data() + static_cast<size_t>(tok) * d, d, step_x.data() + static_cast<size_t>(b) * d);
+    }
+    job.x = step_x.data();
+    if (stale_rows && s == g / 2) rows[3] += 1.f;  // the control: an open group's row corrupted
+    kvq_emu::launch({static_cast<unsigned>(B), 1, 1}, kThreads, 0,
+                    [&] { kivi_k_append_kernel(&job, len.data(), capacity); });
+    bool bad = false;
+    for (int b = 0; b < B; ++b) {
+      len[b] = std::min(len[b] + 1, capacity);  // advance_lengths_kernel
+      const std::vector<uint8_t> cpu = c.encode(x[b].data(), len[b]);
+      const uint8_t* got = stream.data() + seq_bytes * b;
+      if (!std::equal(cpu.begin(), cpu.end(), got)) {
+        bad = true;
+        if (!stale_rows)
+          ADD_FAILURE() << "kivi K append d=" << d << " b=" << bits << " g=" << g << ": sequence " << b
+                        << " differs from the CPU encoder after " << len[b] << " tokens";
+      }
+    }
+    r.steps_checked += 1;
+    r.mismatching_steps += bad;
+  }
+  EXPECT_EQ(len[2], capacity) << "the test must fill one sequence";
+  return r;
+}
+
+TEST(EncodeEmulation, KiviKAppendReencodesTheOpenGroup) {
+  // (d, bits, group): every width class, groups shorter and longer than a warp.
+  const int shapes[][3] = {{8, 1, 4}, {8, 8, 32}, {64, 2, 32}, {96, 3, 4}, {96, 5, 32}, {128, 4, 64}, {256, 2, 8}};
+  for (const auto& s : shapes) {
+    const KiviAppendResult r = run_kivi_k_append(s[0], s[1], s[2], false);
+    EXPECT_EQ(r.mismatching_steps, 0) << "d=" << s[0] << " bits=" << s[1] << " g=" << s[2];
+  }
+}
+
+// Negative control: a corrupted fp32 row of an open group shows up as a byte difference (the
+// comparison above is not vacuous), until that group closes.
+TEST(EncodeEmulation, KiviKAppendNegativeControl) {
+  EXPECT_GT(run_kivi_k_append(64, 2, 32, true).mismatching_steps, 0);
+}
+
 // Negative control: the comparison sees a one-code difference (a flipped threshold tie), so the
 // equalities above are not vacuous.
 TEST(EncodeEmulation, NegativeControlDetectsOneCode) {

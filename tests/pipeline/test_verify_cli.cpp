@@ -126,7 +126,9 @@ TEST(VerifyCli, RefusesAnAllocationOfAnotherModel) {
 // The GPU path (issue 24): without a GPU the report says so (text and JSON) and nothing is counted;
 // with one, every (layer, KV head, side) of a Block-GTQ allocation (post-RoPE K, compact group
 // norms), a KV-COBRA one (low rank) and a layer-precision one (FP8 / NVFP4) went through the GPU
-// encoder with codes equal to the CPU's, decoded and attended within the stated tolerances.
+// encoder with codes equal to the CPU's and was decoded within the stated tolerance, and every
+// layer ran as a GPU-resident cache (appended step by step, bytes equal to the CPU encoder's)
+// under the fused attention at several steps per window, within its tolerance.
 TEST(VerifyCli, GpuPathReported) {
   std::string cal = demo_cal("verify");
   if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
@@ -143,6 +145,9 @@ TEST(VerifyCli, GpuPathReported) {
       EXPECT_NE(j["cuda"].get<std::string>().find("no GPU"), std::string::npos) << j["cuda"];
       EXPECT_EQ(g["tokens"], 0);
       EXPECT_EQ(g["attention_problems"], 0);
+      EXPECT_EQ(g["cache_layers"], 0);
+      EXPECT_EQ(g["cache_steps"], 0);
+      EXPECT_TRUE(g["notes"].empty());
       EXPECT_TRUE(g["passed"].get<bool>());
       continue;
     }
@@ -152,7 +157,14 @@ TEST(VerifyCli, GpuPathReported) {
     EXPECT_EQ(g["code_mismatches"], 0) << args;
     EXPECT_EQ(g["byte_mismatches"], 0) << args;
     EXPECT_LE(double(g["max_scaled_diff"]), double(g["decode_tolerance"])) << args;
-    EXPECT_EQ(g["attention_problems"], int64_t(j["n_layers"]) * 2) << args;
+    const int64_t n_layers = j["n_layers"];
+    EXPECT_EQ(g["cache_layers"], n_layers) << args << " " << g["notes"];
+    EXPECT_EQ(g["cache_byte_mismatches"], 0) << args;
+    EXPECT_EQ(g["cache_code_mismatches"], 0) << args;
+    EXPECT_EQ(g["cache_length_errors"], 0) << args;
+    // Steps 1, 2, 4, ... and the last of each window: several per (layer, window).
+    EXPECT_EQ(int64_t(g["attention_problems"]) % (n_layers * 2), 0) << args;
+    EXPECT_GE(g["attention_problems"], n_layers * 2 * 3) << args;
     EXPECT_LE(double(g["attention_max_scaled_diff"]), double(g["attention_tolerance"])) << args;
     EXPECT_TRUE(g["passed"].get<bool>()) << j["cuda"];
   }

@@ -96,7 +96,8 @@ Coded code_window(const codec::HeadCodec& kc, const codec::HeadCodec& vc, const 
 }
 
 // gpu (the allocation's pass only): every (layer, KV head, side, window) also through the GPU
-// encoder and decoder, and per (layer, window) the GPU's fused decode attention (verify_gpu.hpp).
+// encoder and decoder, and every layer as a GPU-resident cache under the fused decode attention
+// (verify_gpu.hpp).
 CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads, const std::string& name,
                      pipeline_detail::GpuVerifier* gpu) {
   const auto sh = c.shape();
@@ -107,16 +108,16 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
   CodedReport rep;
   rep.name = name;
   const bool on_gpu = gpu && gpu->on();
-  std::vector<int32_t> pos32(c.holdout.positions.begin(), c.holdout.positions.end());
   std::vector<double> p(static_cast<size_t>(T)), pt(static_cast<size_t>(T));
   std::vector<int> ia, ib;
   for (int l = 0; l < L; ++l) {
     const int W = c.prov.window_of(l);
     Accum acc;
-    // The GPU path's caches of this layer: codecs per KV head, the GPU's bytes per [window][head].
+    // The GPU path's cache of this layer: codecs per KV head, the rows as coded
+    // [window][token][KV head][d] and the post-RoPE queries [window][token][head][d].
     std::deque<codec::HeadCodec> gpu_kc, gpu_vc;
-    std::vector<std::vector<std::vector<uint8_t>>> gpu_k(on_gpu ? size_t(M) : 0, std::vector<std::vector<uint8_t>>(size_t(H))),
-        gpu_v = gpu_k;
+    const size_t gpu_rows = on_gpu ? size_t(M) * size_t(T) * size_t(H) * size_t(d) : 0;
+    std::vector<float> gpu_k(gpu_rows), gpu_v(gpu_rows), gpu_q(on_gpu ? size_t(M) * size_t(T) * size_t(NH) * d : 0);
     for (int h = 0; h < H; ++h) {
       const HeadDecision *kd = nullptr, *vd = nullptr;
       for (const auto& x : heads)
@@ -138,8 +139,13 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
           if (!kd->post_rope)
             for (int t = 0; t < T; ++t)
               std::copy_n(c.holdout.k.data() + base_kv + size_t(t) * H * d, d, k_in.data() + size_t(t) * d);
-          gpu->check_side(kc, k_in.data(), T, gpu_k[size_t(m)][size_t(h)]);
-          gpu->check_side(vc, v_true.data(), T, gpu_v[size_t(m)][size_t(h)]);
+          gpu->check_side(kc, k_in.data(), T);
+          gpu->check_side(vc, v_true.data(), T);
+          for (int t = 0; t < T; ++t) {
+            const size_t at = ((size_t(m) * T + size_t(t)) * H + size_t(h)) * d;
+            std::copy_n(k_in.data() + size_t(t) * d, d, gpu_k.data() + at);
+            std::copy_n(v_true.data() + size_t(t) * d, d, gpu_v.data() + at);
+          }
         }
         for (size_t i = 0; i < k_true.size(); ++i) {
           acc.ek += double(k_true[i] - cd.k_post[i]) * double(k_true[i] - cd.k_post[i]);
@@ -181,29 +187,33 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
         }
       }
     }
-    if (on_gpu)  // the fused decode attention: each window's last query over its GPU-coded cache
-      for (int m = 0; m < M; ++m) {
-        std::vector<float> q(size_t(NH) * d);
-        const size_t base_q = ((size_t(l) * M + size_t(m)) * size_t(T) + size_t(T - 1)) * size_t(NH) * d;
-        std::copy_n(c.holdout.q.data() + base_q, q.size(), q.data());
-        for (int g = 0; g < NH; ++g) codec::reference_apply_rope(q.data() + size_t(g) * d, d, c.holdout.positions[size_t(T - 1)], rope);
-        codec::AttentionProblem p;
-        p.n_q_heads = NH;
-        p.n_kv_heads = H;
-        p.head_dim = d;
-        p.n_tokens = T;
-        p.q = q.data();
-        for (int h = 0; h < H; ++h) {
-          p.k_codecs.push_back(&gpu_kc[size_t(h)]);
-          p.v_codecs.push_back(&gpu_vc[size_t(h)]);
-          p.k_packed.push_back(gpu_k[size_t(m)][size_t(h)].data());
-          p.v_packed.push_back(gpu_v[size_t(m)][size_t(h)].data());
+    if (on_gpu) {  // the layer as a GPU-resident cache: every step appended, the fused attention checked
+      for (int m = 0; m < M; ++m)
+        for (int t = 0; t < T; ++t) {
+          const size_t at = (size_t(m) * T + size_t(t)) * size_t(NH) * d;
+          const size_t base_q = ((size_t(l) * M + size_t(m)) * size_t(T) + size_t(t)) * size_t(NH) * d;
+          std::copy_n(c.holdout.q.data() + base_q, size_t(NH) * d, gpu_q.data() + at);
+          // At the cache's position of token t (calib-capture's held-out positions are 0..T-1 too).
+          for (int g = 0; g < NH; ++g) codec::reference_apply_rope(gpu_q.data() + at + size_t(g) * d, d, t, rope);
         }
-        p.positions = pos32.data();
-        p.rope = rope;
-        p.window = W;
-        gpu->attention(p);
+      pipeline_detail::GpuLayer gl;
+      gl.layer = l;
+      gl.n_q_heads = NH;
+      gl.n_kv_heads = H;
+      gl.head_dim = d;
+      gl.windows = M;
+      gl.tokens = T;
+      gl.window = W;
+      gl.rope = rope;
+      for (int h = 0; h < H; ++h) {
+        gl.k.push_back(&gpu_kc[size_t(h)]);
+        gl.v.push_back(&gpu_vc[size_t(h)]);
       }
+      gl.k_rows = gpu_k.data();
+      gl.v_rows = gpu_v.data();
+      gl.q_rows = gpu_q.data();
+      gpu->cache_layer(gl);
+    }
     rep.layers.push_back(acc.finish());
   }
   for (const auto& m : rep.layers) {
@@ -255,25 +265,37 @@ nlohmann::json GpuCheck::to_json() const {
           {"max_abs_diff", max_abs_diff},
           {"max_scaled_diff", max_scaled_diff},
           {"decode_tolerance", kDecodeTolerance},
+          {"cache_layers", cache_layers},
+          {"cache_steps", cache_steps},
+          {"cache_byte_mismatches", cache_byte_mismatches},
+          {"cache_code_mismatches", cache_code_mismatches},
+          {"cache_length_errors", cache_length_errors},
           {"attention_problems", attention_problems},
           {"attention_max_abs_diff", attention_max_abs_diff},
           {"attention_max_scaled_diff", attention_max_scaled_diff},
           {"attention_tolerance", kAttentionTolerance},
+          {"notes", notes},
           {"passed", passed()}};
 }
 
 std::string GpuCheck::summary() const {
   if (!ran) return "not available (no GPU): CPU reference encoder and decoder only";
-  char buf[640];
+  char buf[1024];
   std::snprintf(buf, sizeof buf,
                 "%s: GPU encoder + decoder on %lld K and %lld V head-windows (%lld tokens): %lld code / %lld byte "
-                "mismatches, max |cpu - gpu| decoded %.3g (%.3g of (1 + |x|), tolerance %.0e); fused attention on "
-                "%lld (layer, window) queries: max |cpu - gpu| %.3g (%.3g of (1 + max|out|), tolerance %.0e) -> %s",
+                "mismatches, max |cpu - gpu| decoded %.3g (%.3g of (1 + |x|), tolerance %.0e); GPU-resident cache "
+                "of %lld layers (%lld window-steps appended by the GPU encoder): %lld code / %lld byte mismatches, "
+                "%lld length errors; fused attention on %lld (layer, window, step) queries: max |cpu - gpu| %.3g "
+                "(%.3g of (1 + max|out|), tolerance %.0e) -> %s",
                 device.c_str(), (long long)k_head_windows, (long long)v_head_windows, (long long)tokens,
                 (long long)code_mismatches, (long long)byte_mismatches, max_abs_diff, max_scaled_diff,
-                kDecodeTolerance, (long long)attention_problems, attention_max_abs_diff, attention_max_scaled_diff,
-                kAttentionTolerance, passed() ? "agree" : "DISAGREE");
-  return buf;
+                kDecodeTolerance, (long long)cache_layers, (long long)cache_steps, (long long)cache_code_mismatches,
+                (long long)cache_byte_mismatches, (long long)cache_length_errors, (long long)attention_problems,
+                attention_max_abs_diff, attention_max_scaled_diff, kAttentionTolerance,
+                passed() ? "agree" : "DISAGREE");
+  std::string out = buf;
+  for (const std::string& n : notes) out += "; " + n;
+  return out;
 }
 
 int match_effective_bits(const std::string& kind, int n_layers, int n_kv_heads, int head_dim, Side side,

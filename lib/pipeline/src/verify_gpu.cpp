@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
+#include <numeric>
 
 #if KVQ_HAVE_CUDA
 #include "kvq/cuda/cuda.hpp"
+#include "kvq/cuda/kv_cache.hpp"
 #endif
 
 namespace kvq::pipeline_detail {
@@ -19,16 +22,18 @@ GpuVerifier::GpuVerifier(bool wanted) {
   g_.ran = on_;
 }
 
-void GpuVerifier::check_side(const codec::HeadCodec& c, const float* rows, int T, std::vector<uint8_t>& gpu_packed) {
+
+void GpuVerifier::check_side(const codec::HeadCodec& c, const float* rows, int T) {
 #if KVQ_HAVE_CUDA
   if (!on_ || T <= 0) return;
   const int d = c.head_dim();
-  const size_t cd = static_cast<size_t>(c.code_dim());
   const std::vector<uint8_t> cpu_packed = c.encode(rows, T);
   const cuda::DeviceHead dev(c);
-  gpu_packed.assign(cpu_packed.size(), 0);
+  std::vector<uint8_t> gpu_packed(cpu_packed.size(), 0);
   dev.encode(rows, T, gpu_packed.data());
   for (size_t i = 0; i < cpu_packed.size(); ++i) g_.byte_mismatches += cpu_packed[i] != gpu_packed[i];
+  // Codes as each side's own unpacker reads them.
+  const size_t cd = static_cast<size_t>(c.code_dim());
   std::vector<uint8_t> cc(static_cast<size_t>(T) * cd), gc(cc.size());
   c.unpack_codes(cpu_packed.data(), T, cc.data());
   dev.unpack_codes(gpu_packed.data(), T, gc.data());
@@ -51,28 +56,58 @@ void GpuVerifier::check_side(const codec::HeadCodec& c, const float* rows, int T
   (c.decision().side == Side::kK ? g_.k_head_windows : g_.v_head_windows) += 1;
   g_.tokens += T;
 #else
-  (void)c, (void)rows, (void)T, (void)gpu_packed;
+  (void)c, (void)rows, (void)T;
 #endif
 }
 
-void GpuVerifier::attention(const codec::AttentionProblem& p) {
 #if KVQ_HAVE_CUDA
-  // Beyond the kernel's GQA limit there is no GPU attention to check (attention_problems shows it).
-  if (!on_ || p.n_kv_heads <= 0 || p.n_q_heads / p.n_kv_heads > cuda::kMaxGqaGroup) return;
-  const size_t n = static_cast<size_t>(p.n_q_heads) * static_cast<size_t>(p.head_dim);
-  std::vector<float> cpu(n), gpu(n);
-  codec::reference_decode_attention(p, cpu.data());
-  cuda::decode_attention(p, gpu.data());
-  double mx = 0, e = 0;
-  for (size_t i = 0; i < n; ++i) {
-    mx = std::max(mx, double(std::fabs(cpu[i])));
-    e = std::max(e, double(std::fabs(cpu[i] - gpu[i])));
+namespace {
+
+// PackedKvCache of one layer on the GPU, host buffers in and out.
+class GpuCache final : public CacheUnderTest {
+ public:
+  explicit GpuCache(const GpuLayer& g) : cache_(spec(g)) {}
+  void append(const float* k, const float* v) override { cache_.append_host(0, k, v); }
+  void attend(const float* q, float* out) override { cache_.attend_host(0, q, out); }
+  std::vector<int32_t> lengths() override { return cache_.lengths(0); }
+  std::vector<uint8_t> packed(int seq, int kv_head, Side side) override { return cache_.packed(0, seq, kv_head, side); }
+
+ private:
+  static cuda::KvCacheSpec spec(const GpuLayer& g) {
+    cuda::KvCacheSpec s;
+    s.n_q_heads = g.n_q_heads;
+    s.n_kv_heads = g.n_kv_heads;
+    s.head_dim = g.head_dim;
+    s.batch = g.windows;
+    s.capacity = g.tokens;
+    s.rope = g.rope;
+    cuda::KvCacheLayer layer;
+    for (size_t h = 0; h < g.k.size(); ++h) {
+      layer.k.push_back(*g.k[h]);
+      layer.v.push_back(*g.v[h]);
+    }
+    layer.window = g.window;
+    s.layers.push_back(std::move(layer));
+    return s;
   }
-  g_.attention_problems += 1;
-  g_.attention_max_abs_diff = std::max(g_.attention_max_abs_diff, e);
-  g_.attention_max_scaled_diff = std::max(g_.attention_max_scaled_diff, e / (1.0 + mx));
+  cuda::PackedKvCache cache_;
+};
+
+}  // namespace
+#endif
+
+void GpuVerifier::cache_layer(const GpuLayer& g) {
+#if KVQ_HAVE_CUDA
+  if (!on_ || g.windows < 1 || g.tokens < 1) return;
+  const std::string why = cache_unsupported(g, cuda::kMaxGqaGroup);
+  if (!why.empty()) {
+    g_.notes.push_back(why);
+    return;
+  }
+  GpuCache cache(g);
+  check_cache_layer(g, cache, g_);
 #else
-  (void)p;
+  (void)g;
 #endif
 }
 

@@ -1,10 +1,19 @@
 #pragma once
-// kvq-verify on the GPU path (issue 24, item 3): every (layer, KV head, side) of an allocation over
-// the held-out windows through the GPU encoder and decoder, and per (layer, window) the fused
-// decode attention of the window's last query over the GPU-coded cache, each against the CPU
-// reference. Built without CUDA, or run without a device, it records that nothing ran on a GPU.
+// kvq-verify on the GPU path (issue 24, item 3), against the CPU reference:
+//   check_side   every (layer, KV head, window, side): the window's rows through the GPU encoder
+//                (bytes and codes equal to the CPU encoder's) and the GPU decoder (values within
+//                GpuCheck::kDecodeTolerance of the CPU decoder's).
+//   cache_layer  every layer as the serving path runs it: a GPU-resident packed cache
+//                (kvq::cuda::PackedKvCache, one sequence per held-out window) filled one decode step
+//                at a time through the GPU encoder (KIVI K re-encoding its open group), and at
+//                selected steps the fused flash-decoding kernel on that step's query of every
+//                window, against codec::reference_decode_attention over the CPU encoder's bytes of
+//                the same tokens; after the last step the cache's bytes of every (window, KV head,
+//                side) against the CPU encoder's.
+// Built without CUDA, or run without a device, it records that nothing ran on a GPU.
 // Private to lib/pipeline (verify.cpp).
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "kvq/codec/attention.hpp"
@@ -13,24 +22,57 @@
 
 namespace kvq::pipeline_detail {
 
+// One layer's held-out windows as the cache sees them.
+struct GpuLayer {
+  int layer = 0;
+  int n_q_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int windows = 0, tokens = 0;  // sequences, tokens per sequence
+  int window = 0;               // sliding window of the layer (0: full attention)
+  codec::RopeSpec rope;         // pre-RoPE keys are rotated at position = token index
+  std::vector<const codec::HeadCodec*> k, v;  // per KV head
+  const float* k_rows = nullptr;  // [windows][tokens][n_kv][d] as K is coded (post-RoPE or not)
+  const float* v_rows = nullptr;  // [windows][tokens][n_kv][d]
+  const float* q_rows = nullptr;  // [windows][tokens][n_q][d] post-RoPE at position t
+};
+
+// The decode steps (1-based token counts) after which cache_layer attends: 1, 2, 4, ... and the
+// last, so short and long prefixes are both checked at O(T) CPU reference cost per window.
+std::vector<int> attention_steps(int tokens);
+
+// What the cache check needs of a packed cache of one layer (batch = windows, capacity = tokens):
+// kvq::cuda::PackedKvCache on a GPU (verify_gpu.cpp); the CPU emulation of the same kernels in
+// tests/cuda/test_verify_gpu_emulation.cpp, so CI runs this check without a GPU.
+class CacheUnderTest {
+ public:
+  virtual ~CacheUnderTest() = default;
+  virtual void append(const float* k, const float* v) = 0;  // host [batch][n_kv][d], one step
+  virtual void attend(const float* q, float* out) = 0;      // host [batch][n_q][d]
+  virtual std::vector<int32_t> lengths() = 0;
+  virtual std::vector<uint8_t> packed(int seq, int kv_head, Side side) = 0;
+};
+
+// Empty when the fused kernel can take the layer, else why not (GQA group beyond 16, K heads
+// mixing pre- and post-RoPE decisions).
+std::string cache_unsupported(const GpuLayer& g, int max_gqa_group);
+
+// The cache check of one layer (GpuVerifier::cache_layer's body): every token appended, the fused
+// attention at attention_steps against codec::reference_decode_attention over the CPU encoder's
+// bytes of the same tokens, the cache's bytes after the last step against the CPU encoder's. Adds
+// its figures to `out` (cache_*, attention_*).
+void check_cache_layer(const GpuLayer& g, CacheUnderTest& cache, GpuCheck& out);
+
 class GpuVerifier {
  public:
   // Runs when `wanted` and a CUDA device is usable.
   explicit GpuVerifier(bool wanted);
   bool on() const { return on_; }
 
-  // One (layer, KV head, window, side): rows [T][d] as the side is coded (K post-RoPE when the
-  // decision says so, else pre-RoPE; V as is). CPU encode vs GPU encode (bytes and codes exactly),
-  // CPU decode of the CPU bytes vs GPU decode of the GPU bytes. gpu_packed receives the GPU's
-  // bytes (the cache attention() reads).
-  void check_side(const codec::HeadCodec& c, const float* rows, int T, std::vector<uint8_t>& gpu_packed);
+  // One (layer, KV head, window, side): rows [T][d] as the side is coded.
+  void check_side(const codec::HeadCodec& c, const float* rows, int T);
 
-  // The fused decode-attention hook: p's packed caches are the GPU's bytes, p.q the window's last
-  // query (post-RoPE). Runs the GPU attention (kvq::cuda::decode_attention, the host API the fused
-  // kernel keeps) and the CPU reference codec::reference_decode_attention, and records the largest
-  // difference. The integrator of issue 24 points this at the GPU-resident cache's attend once it
-  // lands; the comparison and report stay as they are.
-  void attention(const codec::AttentionProblem& p);
+  // One layer through PackedKvCache and the fused kernel (see above). A layer the kernels cannot
+  // take (GQA group > 16, K heads mixing pre- and post-RoPE) is skipped with a note.
+  void cache_layer(const GpuLayer& g);
 
   // The figures so far (ran = false and a note saying so without a GPU).
   GpuCheck finish() const;

@@ -107,9 +107,10 @@ KVQ_UNROLL
     }
 KVQ_UNROLL
     for (int g = 0; g < kMaxGqaGroup; ++g) s[g] *= step;
-  } else {  // KIVI: the latent is x
+  } else {  // KIVI and minifloat: the latent is x
+    const bool mf = L.kind == layout::kKindMinifloat;
     for (int k = 0; k < (int)L.code_dim; ++k) {
-      const float x = kivi_latent_value(h, r.blk, r.tb, (uint32_t)k);
+      const float x = mf ? mf_latent_value(h, r.blk, r.tb, (uint32_t)k) : kivi_latent_value(h, r.blk, r.tb, (uint32_t)k);
 KVQ_UNROLL
       for (int g = 0; g < kMaxGqaGroup; ++g)
         if (g < G) s[g] += qc[g * ldq + k] * x;
@@ -118,7 +119,8 @@ KVQ_UNROLL
 }
 
 // Per-token scales of V's latent (one lane, its token): TQ rho~ or rho~/||c|| per group, low rank
-// the quantizer step; KIVI needs none. vs: [n_groups] (this lane's row).
+// the quantizer step; KIVI and minifloat need none (their scales are per record, read per
+// value). vs: [n_groups] (this lane's row).
 __device__ inline void value_scales(const DevHead& h, const float* cb, TokenRef r, float* vs) {
   const PackedLayout& L = h.L;
   if (L.kind == layout::kKindTqGroups) {
@@ -188,6 +190,7 @@ __device__ inline float value_latent(const DevHead& h, const float* cb, const La
     const int half = 1 << (L.bits - 1);
     return ((float)((int)layout::get_code(stream, r.tb + lc.bitpos[i], L.bits) - half) + 0.5f) * vs[0];
   }
+  if (L.kind == layout::kKindMinifloat) return mf_latent_value(h, r.blk, r.tb, (uint32_t)(lane + 32 * i));
   return kivi_latent_value(h, r.blk, r.tb, (uint32_t)(lane + 32 * i));
 }
 

@@ -42,6 +42,15 @@ struct DevHead {
   uint32_t reserved_;                       // keeps the struct a whole number of 8-byte words
 };
 
+// One KIVI K head of a cache layer for kivi_k_append_kernel (encode_kernels.cuh).
+struct KiviKAppend {
+  const DevHead* head;
+  const float* x;   // [batch][d] the step's new K rows of this head
+  float* rows;      // [batch][group_size][d] each sequence's open group, fp32
+  uint8_t* stream;  // sequence b's region at stream + b * seq_bytes
+  unsigned long long seq_bytes;
+};
+
 // Copies a DevHead from global memory into shared memory (word by word), then synchronises.
 __device__ inline void load_head(const DevHead* g, DevHead* s) {
   static_assert(sizeof(DevHead) % 4 == 0, "DevHead copied as 32-bit words");

@@ -448,4 +448,29 @@ encode_batch_kernel(const EncJob* jobs, int n_tokens) {
   encode_blocks(j.head, j.x, n_tokens, j.out);
 }
 
+// KIVI K append (PackedKvCache::append): a K record spans the group_size tokens of a layout block,
+// so a new token changes its open block's scales, zeros and every code in it. The cache keeps the
+// fp32 rows of each sequence's open group; a step writes the new row at slot len % group_size and
+// re-encodes the whole block from those rows (kivi_k_encode_block, nt = slot + 1), so the stream
+// holds exactly the CPU encoder's bytes of the first len + 1 tokens.
+// (KiviKAppend: dev_head.cuh, shared with the cache's host code.)
+// grid (batch, KIVI K heads). lengths: before this step's advance; a full sequence is left as is
+// (append_tokens_kernel reports the overflow). Cooperative per block; the early return is uniform.
+__global__ void __launch_bounds__(kThreads)
+kivi_k_append_kernel(const KiviKAppend* jobs, const int32_t* lengths, int capacity) {
+  __shared__ DevHead h;
+  __shared__ EncShared s;
+  const KiviKAppend j = jobs[blockIdx.y];
+  load_head(j.head, &h);
+  const int b = blockIdx.x;
+  const int len = lengths[b];
+  if (len >= capacity) return;
+  const int g = (int)h.L.tokens_per_block, d = (int)h.L.head_dim;
+  const int slot = len % g;
+  float* rows = j.rows + (size_t)b * g * d;
+  for (int c = threadIdx.x; c < d; c += blockDim.x) rows[(size_t)slot * d + c] = j.x[(size_t)b * d + c];
+  __syncthreads();
+  kivi_k_encode_block(h, rows, slot + 1, j.stream + (size_t)b * j.seq_bytes + (size_t)(len / g) * h.L.block_bytes, s);
+}
+
 }  // namespace kvq::cuda::detail

@@ -65,12 +65,15 @@ class PackedKvCache {
 
   // ---- one decode step (asynchronous on `stream`) ----
   // Codes one new token per sequence on the GPU (encode_async) and appends it: k_dev, v_dev
-  // [batch][n_kv_heads][head_dim] fp32, device memory. Lengths advance by one. Every KV head's
-  // codec must store one token per block (not KIVI K, whose scale spans group_size tokens).
+  // [batch][n_kv_heads][head_dim] fp32, device memory. Lengths advance by one. A KIVI K head
+  // (per-channel scales over group_size tokens) keeps each sequence's open group in fp32 and
+  // re-encodes that block every step, so its bytes always equal the CPU encoder's of the tokens so
+  // far; a sequence loaded with a partial KIVI K group cannot be appended to (kvq::Error).
   void append(int layer, const float* k_dev, const float* v_dev, void* stream = nullptr);
   // The same with the tokens already coded: per KV head h in order, packed_bytes(batch) bytes of
   // that head's codec (token b = sequence b's new token), i.e. exactly what encode_async writes
-  // for the batch's tokens of that head; packed_step_bytes(layer, side) bytes in all.
+  // for the batch's tokens of that head; packed_step_bytes(layer, side) bytes in all. Not for a
+  // layer with KIVI K heads (their coded token depends on the group: use append).
   void append_packed(int layer, const uint8_t* k_dev, const uint8_t* v_dev, void* stream = nullptr);
   size_t packed_step_bytes(int layer, Side side) const;
   // One query token per sequence: q_dev [batch][n_q_heads][head_dim] (post-RoPE), out_dev the
@@ -78,6 +81,11 @@ class PackedKvCache {
   // sliding-window layer); a sequence of length 0 gives zeros. Calls sharing one cache must not
   // run concurrently on different streams (they share the workspace).
   void attend(int layer, const float* q_dev, float* out_dev, void* stream = nullptr) const;
+
+  // ---- the same steps on host buffers, synchronous (checks such as kvq-verify; not for graphs:
+  // they copy and wait; the device buffers are the cache's own) ----
+  void append_host(int layer, const float* k_host, const float* v_host);
+  void attend_host(int layer, const float* q_host, float* out_host) const;
 
   struct Impl;
 

@@ -64,11 +64,21 @@ struct GpuCheck {
   int64_t code_mismatches = 0;               // integer codes GPU != CPU encoder
   double max_abs_diff = 0;                   // max |GPU decode of GPU codes - CPU decode of CPU codes|
   double max_scaled_diff = 0;                // the same over (1 + ||x_t||): the tolerance's measure
-  int64_t attention_problems = 0;            // (layer, window) decode-attention problems run
+  // The serving path: each layer as a GPU-resident packed cache (one sequence per window) filled
+  // one decode step at a time through the GPU encoder, the fused attention at steps 1, 2, 4, ...
+  // and the last (verify_gpu.hpp).
+  int64_t cache_layers = 0;                  // layers run as a cache
+  int64_t cache_steps = 0;                   // (window, token) appends, all layers
+  int64_t cache_byte_mismatches = 0;         // the cache's bytes after the last step vs the CPU encoder's
+  int64_t cache_code_mismatches = 0;         // the same in integer codes
+  int64_t cache_length_errors = 0;           // sequences whose length is not the tokens appended
+  int64_t attention_problems = 0;            // (layer, window, step) fused-attention queries run
   double attention_max_abs_diff = 0;         // max |GPU - CPU| attention output
   double attention_max_scaled_diff = 0;      // the same over (1 + max |out|)
+  std::vector<std::string> notes;            // layers the cache check could not take, and why
   bool passed() const {
     return !ran || (byte_mismatches == 0 && code_mismatches == 0 && max_scaled_diff <= kDecodeTolerance &&
+                    cache_byte_mismatches == 0 && cache_code_mismatches == 0 && cache_length_errors == 0 &&
                     attention_max_scaled_diff <= kAttentionTolerance);
   }
   nlohmann::json to_json() const;
