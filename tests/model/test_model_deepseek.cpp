@@ -97,14 +97,14 @@ class Reference {
   // logits [T][V]
   Vec forward(const std::vector<int>& ids, const RefOptions& o = {}, RefTrace* tr = nullptr) const {
     const hf::Spec& s = s_;
-    const int T = int(ids.size()), D = s.hidden, H = s.heads, R = s.kv_lora_rank, rope = s.qk_rope_head_dim;
-    const int nope = s.qk_nope_head_dim, qk = nope + rope, vd = s.v_head_dim;
+    const int T = int(ids.size()), D = s.hidden, H = s.heads, R = s.kv_lora_rank, dr = s.qk_rope_head_dim;
+    const int nope = s.qk_nope_head_dim, qk = nope + dr, vd = s.v_head_dim;
     const double scale = o.drop_mscale2 ? scale_no_m2_ : scale_;
-    std::vector<Vec> x(size_t(T));
+    std::vector<Vec> x(static_cast<size_t>(T));
     for (int t = 0; t < T; ++t) x[size_t(t)] = row(W("model.embed_tokens.weight"), ids[size_t(t)], D);
     for (int l = 0; l < s.layers; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      std::vector<Vec> q(size_t(T)), kpe(size_t(T)), kv(size_t(T));
+      std::vector<Vec> q(static_cast<size_t>(T)), kpe(static_cast<size_t>(T)), kv(static_cast<size_t>(T));
       for (int t = 0; t < T; ++t) {
         const Vec h = rms(x[size_t(t)], W(p + "input_layernorm.weight"));
         if (s.q_lora_rank > 0) {
@@ -131,7 +131,7 @@ class Reference {
             const double* kn = &kv[size_t(j)][size_t(hh * (nope + vd))];
             double dot = 0;
             for (int n = 0; n < nope; ++n) dot += qi[n] * kn[n];
-            for (int r = 0; r < rope; ++r) dot += qi[nope + r] * kpe[size_t(j)][size_t(r)];
+            for (int r = 0; r < dr; ++r) dot += qi[nope + r] * kpe[size_t(j)][size_t(r)];
             sj[size_t(j)] = dot * scale;
             sc[(size_t(hh) * T + i) * T + j] = sj[size_t(j)];
             mx = std::max(mx, sj[size_t(j)]);
@@ -204,7 +204,7 @@ class Reference {
     const int E = s.experts, K = s.top_k;
     const Vec logits = matvec(W(p + "mlp.gate.weight"), h);
     const double mx = *std::max_element(logits.begin(), logits.end());
-    Vec pr(size_t(E));
+    Vec pr(static_cast<size_t>(E));
     double z = 0;
     for (int e = 0; e < E; ++e) z += (pr[size_t(e)] = std::exp(logits[size_t(e)] - mx));
     for (double& e : pr) e /= z;
@@ -507,7 +507,7 @@ void expect_absorbed_equals_naive(const Fixture& f, int T) {
     ASSERT_EQ(L.kv_heads, 1);
     ASSERT_EQ(L.d, d);
     ASSERT_EQ(L.dv, R);
-    std::vector<Vec> q(size_t(T) * H), k(size_t(T));
+    std::vector<Vec> q(static_cast<size_t>(T) * H), k(static_cast<size_t>(T));
     for (int t = 0; t < T; ++t) {
       k[size_t(t)] = Vec(L.k.begin() + ptrdiff_t(size_t(t) * d), L.k.begin() + ptrdiff_t(size_t(t + 1) * d));
       f.ref.rope(k[size_t(t)].data(), t);
@@ -632,7 +632,8 @@ TEST(Deepseek, KvHooksSeeTheServedRows) {
   none.recent = 3;
   Model::ForwardOptions p;
   p.protected_kv = &none;
-  EXPECT_LT(test::ref::rel_max_diff(logits_of(f.model, ids, p), plain), 1e-6);
+  // The protected path sums P_full V + P_coded V_coded: the same values in another fp32 order.
+  EXPECT_LT(test::ref::rel_max_diff(logits_of(f.model, ids, p), plain), 1e-5);
   DropLatent drop;
   drop.sink = 1;
   drop.recent = 3;
