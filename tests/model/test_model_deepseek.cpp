@@ -420,7 +420,7 @@ TEST(Deepseek, LiteStyleMatchesReference) {
     Fixture f(lite_spec(), stream);
     ASSERT_EQ(f.model.streamed(), stream);
     f.expect_matches_reference();
-    if (!stream) f.expect_same_greedy(6, 6);
+    f.expect_same_greedy(6, 6);
     RefOptions o;
     o.split_half = true;
     EXPECT_GT(f.diff(o, "split-half pairs"), kControl);
@@ -441,7 +441,7 @@ TEST(Deepseek, V2StyleQLoraGroupLimitedMatchesReference) {
     SCOPED_TRACE(stream ? "streamed" : "whole");
     Fixture f(v2_spec(), stream);
     f.expect_matches_reference();
-    if (!stream) f.expect_same_greedy(6, 6);
+    f.expect_same_greedy(6, 6);
     RefOptions o;
     o.split_half = true;
     EXPECT_GT(f.diff(o, "split-half pairs"), kControl);
