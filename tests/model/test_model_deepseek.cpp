@@ -663,6 +663,34 @@ TEST(Deepseek, WholeFp32BytesIsTheLoadedElementsTimesFour) {
   }
 }
 
+// DeepSeek-V2-Lite's own config.json (the published values): 15.7B parameters in fp32, counted
+// here from its shapes; the served cache row 576 wide, scale 0.11472, layer 0 dense.
+TEST(Deepseek, V2LiteConfigSizes) {
+  const nlohmann::json c = {
+      {"architectures", {"DeepseekV2ForCausalLM"}}, {"model_type", "deepseek_v2"}, {"hidden_size", 2048},
+      {"num_hidden_layers", 27}, {"num_attention_heads", 16}, {"num_key_value_heads", 16},
+      {"q_lora_rank", nullptr}, {"kv_lora_rank", 512}, {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64},
+      {"v_head_dim", 128}, {"intermediate_size", 10944}, {"moe_intermediate_size", 1408},
+      {"n_routed_experts", 64}, {"num_experts_per_tok", 6}, {"n_shared_experts", 2},
+      {"first_k_dense_replace", 1}, {"moe_layer_freq", 1}, {"routed_scaling_factor", 1.0},
+      {"norm_topk_prob", false}, {"topk_method", "greedy"}, {"n_group", 1}, {"topk_group", 1},
+      {"scoring_func", "softmax"}, {"aux_loss_alpha", 0.001}, {"seq_aux", true}, {"ep_size", 1},
+      {"vocab_size", 102400}, {"max_position_embeddings", 163840}, {"rope_theta", 10000},
+      {"rope_scaling", {{"type", "yarn"}, {"factor", 40}, {"original_max_position_embeddings", 4096},
+                        {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 0.707}, {"mscale_all_dim", 0.707}}},
+      {"rms_norm_eps", 1e-6}, {"hidden_act", "silu"}, {"attention_bias", false}, {"attention_dropout", 0.0},
+      {"tie_word_embeddings", false}, {"bos_token_id", 100000}, {"eos_token_id", 100001},
+      {"torch_dtype", "bfloat16"}};
+  test::TempDir dir;
+  hf::write_file(dir / "config.json", c.dump(2));
+  const int64_t D = 2048, V = 102400, H = 16;
+  const int64_t attn = H * 192 * D + 576 * D + 512 + H * 256 * 512 + D * H * 128 + 2 * D;
+  const int64_t dense = 3 * 10944 * D, moe = 64 * D + (64 + 2) * 3 * 1408 * D;
+  const int64_t params = 2 * V * D + D + 27 * attn + dense + 26 * moe;
+  EXPECT_EQ(Model::whole_fp32_bytes(dir.str()), 4 * params);
+  EXPECT_NEAR(double(params), 15.7e9, 0.05e9);  // DeepSeek-V2-Lite: "15.7B total parameters"
+}
+
 // ----------------------------------------------------------------- bad inputs, one line each
 
 TEST(BadDeepseek, Table) {

@@ -331,6 +331,7 @@ void parse_chatglm_config(const ConfigReader& r, const std::string& path, ModelC
   if (!r.boolean("original_rope", true)) throw Error(path, "original_rope", "false is not supported");
   if (r.has("rope_scaling")) throw Error(path, "rope_scaling", "is not supported for chatglm (rope_ratio scales the base)");
 }
+
 // YaRN's magnitude correction 0.1 m ln s + 1 (1 at s <= 1), as DeepSeek's yarn_get_mscale.
 double deepseek_mscale(double s, double m) { return s <= 1.0 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
 
@@ -367,7 +368,7 @@ void parse_deepseek_config(const ConfigReader& r, const json& j, const std::stri
   parse_rope_scaling(j, path, c);
   RopeScaling& rs = c->rope_scaling;
   if (rs.type == RopeType::kLlama3)
-    throw Error(path, "rope_scaling.type", "'llama3' is not a DeepSeek-V2 RoPE (default, linear, dynamic, yarn)");
+    throw Error(path, "rope_scaling", "'llama3' is not a DeepSeek-V2 RoPE (default, linear, dynamic, yarn)");
   double scale = 1.0 / std::sqrt(double(c->qk_nope_head_dim + c->qk_rope_head_dim));
   if (rs.type == RopeType::kYarn) {
     // DeepseekV2YarnRotaryEmbedding: original length 4096 by default; cos/sin times
