@@ -518,6 +518,17 @@ void expect_absorbed_equals_naive(const Fixture& f, int T) {
         f.ref.rope(q[size_t(t) * H + h].data(), t);
       }
     }
+    // kvq's apply_rope (what kvq-verify / kvq-eval rotate with) = the reference's rotation of the
+    // first rope dims; the latent passes through.
+    std::vector<int64_t> pos(static_cast<size_t>(T));
+    for (int t = 0; t < T; ++t) pos[size_t(t)] = t;
+    std::vector<float> kr = L.k;
+    apply_rope(kr.data(), 1, T, d, pos.data(), f.model.config());
+    Vec kr_ref;
+    for (const Vec& row : k) kr_ref.insert(kr_ref.end(), row.begin(), row.end());
+    EXPECT_LT(test::ref::rel_max_diff(Vec(kr.begin(), kr.end()), kr_ref), kAbsorbedTol);
+    for (int t = 0; t < T; ++t)
+      for (int e = rope; e < d; ++e) ASSERT_EQ(kr[size_t(t) * d + e], L.k[size_t(t) * d + e]);
     const std::string p = "model.layers." + std::to_string(l) + ".self_attn.kv_b_proj.weight";
     const hf::Tensor& kvb = f.ref.W(p);
     Vec scores(size_t(H) * T * T, 0.0), out(size_t(T) * H * vd, 0.0);
