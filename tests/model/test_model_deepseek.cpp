@@ -595,6 +595,15 @@ TEST(Deepseek, AbsorbedEqualsNaiveRealShapes) {
   EXPECT_EQ(f.model.config().head_dim_v, 512);
   EXPECT_NEAR(f.model.config().attn_scale(), 0.11472, 5e-6);
   EXPECT_DOUBLE_EQ(rope_params(f.model.config(), 8).attention_factor, 1.0);
+  // DeepSeek's YaRN at d = 64: the ramp runs from block 10 (kept) to block 23 (÷ 40).
+  const RopeParams rp = rope_params(f.model.config(), 8);
+  ASSERT_EQ(rp.inv_freq.size(), 32u);
+  for (int j = 0; j < 32; ++j) {
+    const double e = std::pow(10000.0, -2.0 * j / 64);
+    if (j <= 10) EXPECT_NEAR(rp.inv_freq[size_t(j)], e, 1e-15 * e) << j;
+    else if (j >= 23) EXPECT_NEAR(rp.inv_freq[size_t(j)], e / 40, 1e-15 * e) << j;
+    else EXPECT_TRUE(rp.inv_freq[size_t(j)] < e && rp.inv_freq[size_t(j)] > e / 40) << j;
+  }
   expect_absorbed_equals_naive(f, 5);
   const auto ids = seeded_ids(5, s.vocab, 6);
   EXPECT_LT(test::ref::rel_max_diff(logits_of(f.model, ids), f.ref.forward(ids)), kTol);
