@@ -3,7 +3,10 @@
 // llama (dense baseline, intermediate 512), qwen3 (+ q/k norm), qwen3_moe and mixtral (8 experts,
 // top-2 of width 256: the same active MLP FLOPs as the baseline), mistral with a 64-token sliding
 // window, GLM-4 in its chatglm (fused query_key_value) and glm4 (sandwich norms) forms (half of
-// each head rotating, adjacent pairs), with and without a capture observer.
+// each head rotating, adjacent pairs), and DeepSeek-V2 (deepseek_v2: MLA served in the absorbed
+// form, kv_lora_rank 128, qk_nope 32 + qk_rope 32 = the others' 64 per head, v 64, one 160-dim
+// latent KV row per token; layer 0 dense, then 8 experts top-2 of width 256 plus one shared expert
+// of width 256; YaRN factor 40), with and without a capture observer.
 #include <benchmark/benchmark.h>
 
 #include <ATen/Parallel.h>
@@ -39,6 +42,20 @@ hf::Spec spec(const std::string& family) {
     if (family == "mixtral") s.inter = 256;
   }
   if (family == "mistral") s.sliding_window = 64;
+  if (family == "deepseek_v2") {
+    s.kv_lora_rank = 128;
+    s.qk_nope_head_dim = 32;
+    s.qk_rope_head_dim = 32;
+    s.v_head_dim = 64;
+    s.experts = 8;
+    s.top_k = 2;
+    s.moe_inter = 256;
+    s.n_shared_experts = 1;
+    s.first_k_dense_replace = 1;
+    s.max_pos = 163840;
+    s.extra["rope_scaling"] = {{"type", "yarn"},  {"factor", 40},    {"original_max_position_embeddings", 4096},
+                               {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
+  }
   return s;
 }
 
@@ -91,6 +108,7 @@ void BM_Mixtral(benchmark::State& s) { run(s, "mixtral"); }
 void BM_MistralSwa64(benchmark::State& s) { run(s, "mistral"); }
 void BM_Chatglm(benchmark::State& s) { run(s, "chatglm"); }
 void BM_Glm4(benchmark::State& s) { run(s, "glm4"); }
+void BM_DeepseekV2(benchmark::State& s) { run(s, "deepseek_v2"); }
 BENCHMARK(BM_Llama)->Apply(args);
 BENCHMARK(BM_Qwen3)->Apply(args);
 BENCHMARK(BM_Qwen3Moe)->Apply(args);
@@ -98,6 +116,7 @@ BENCHMARK(BM_Mixtral)->Apply(args);
 BENCHMARK(BM_MistralSwa64)->Apply(args);
 BENCHMARK(BM_Chatglm)->Apply(args);
 BENCHMARK(BM_Glm4)->Apply(args);
+BENCHMARK(BM_DeepseekV2)->Apply(args);
 
 }  // namespace
 

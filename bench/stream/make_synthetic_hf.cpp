@@ -3,7 +3,9 @@
 // weights (N(0, 0.02)-like, norms 1) over 5 GiB safetensors shards with an index, and the demo
 // model's tokenizer (so the vocabulary is the demo's 1024 tokens; every other shape is the real
 // model's). Benchmark data: generated on demand, never committed. --layers N writes only the first
-// N decoder layers (a 70B layer for per-layer figures without 140 GB of disk).
+// N decoder layers (a 70B layer for per-layer figures without 140 GB of disk). --shape v2-lite:
+// DeepSeek-V2-Lite's (deepseek_v2: MLA with kv_lora_rank 512, layer 0 dense, 26 layers of 64 routed
+// experts top-6 + 2 shared, DeepSeek YaRN factor 40), about 31 GB of BF16 at 27 layers.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -43,6 +45,71 @@ uint16_t bf16(float f) {
   return uint16_t((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
 }
 
+// DeepSeek-V2-Lite's config.json (the real one's values, the demo vocabulary) and tensors.
+json v2_lite_config(int layers, int V) {
+  return {{"architectures", {"DeepseekV2ForCausalLM"}},
+          {"model_type", "deepseek_v2"},
+          {"hidden_act", "silu"},
+          {"bos_token_id", 1},
+          {"eos_token_id", 2},
+          {"tie_word_embeddings", false},
+          {"torch_dtype", "bfloat16"},
+          {"hidden_size", 2048},
+          {"num_hidden_layers", layers},
+          {"num_attention_heads", 16},
+          {"num_key_value_heads", 16},
+          {"q_lora_rank", nullptr},
+          {"kv_lora_rank", 512},
+          {"qk_nope_head_dim", 128},
+          {"qk_rope_head_dim", 64},
+          {"v_head_dim", 128},
+          {"intermediate_size", 10944},
+          {"moe_intermediate_size", 1408},
+          {"n_routed_experts", 64},
+          {"num_experts_per_tok", 6},
+          {"n_shared_experts", 2},
+          {"first_k_dense_replace", 1},
+          {"moe_layer_freq", 1},
+          {"routed_scaling_factor", 1.0},
+          {"norm_topk_prob", false},
+          {"topk_method", "greedy"},
+          {"n_group", 1},
+          {"topk_group", 1},
+          {"scoring_func", "softmax"},
+          {"attention_bias", false},
+          {"vocab_size", V},
+          {"rope_theta", 10000.0},
+          {"rope_scaling",
+           {{"type", "yarn"}, {"factor", 40}, {"original_max_position_embeddings", 4096}, {"beta_fast", 32},
+            {"beta_slow", 1}, {"mscale", 0.707}, {"mscale_all_dim", 0.707}}},
+          {"rms_norm_eps", 1e-6},
+          {"max_position_embeddings", 163840}};
+}
+
+void v2_lite_layer(int l, std::vector<Tensor>* all) {
+  const int64_t D = 2048, H = 16, R = 512, rope = 64, nope = 128, v = 128, I = 10944, Ie = 1408, E = 64;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  all->push_back({p + "input_layernorm.weight", {D}, true});
+  all->push_back({p + "self_attn.q_proj.weight", {H * (nope + rope), D}, false});
+  all->push_back({p + "self_attn.kv_a_proj_with_mqa.weight", {R + rope, D}, false});
+  all->push_back({p + "self_attn.kv_a_layernorm.weight", {R}, true});
+  all->push_back({p + "self_attn.kv_b_proj.weight", {H * (nope + v), R}, false});
+  all->push_back({p + "self_attn.o_proj.weight", {D, H * v}, false});
+  all->push_back({p + "post_attention_layernorm.weight", {D}, true});
+  auto swiglu = [&](const std::string& q, int64_t width) {
+    all->push_back({q + "gate_proj.weight", {width, D}, false});
+    all->push_back({q + "up_proj.weight", {width, D}, false});
+    all->push_back({q + "down_proj.weight", {D, width}, false});
+  };
+  if (l == 0) {
+    swiglu(p + "mlp.", I);
+    return;
+  }
+  all->push_back({p + "mlp.gate.weight", {E, D}, false});
+  for (int e = 0; e < E; ++e) swiglu(p + "mlp.experts." + std::to_string(e) + ".", Ie);
+  swiglu(p + "mlp.shared_experts.", 2 * Ie);
+}
+
 // Fills n BF16 values: 1.0 for norms, else a sum of two uniforms scaled to std 0.02 (triangular,
 // cheap, and random enough for activations of realistic magnitude).
 void fill(std::vector<uint16_t>& buf, int64_t n, bool ones, uint64_t& state) {
@@ -69,7 +136,7 @@ int main(int argc, char** argv) {
     else if (a == "--out" && i + 1 < argc) out = argv[++i];
     else if (a == "--layers" && i + 1 < argc) only_layers = std::atoi(argv[++i]);
     else {
-      std::cerr << "usage: bench-make-hf --shape 1b|8b|70b --out DIR [--layers N]\n";
+      std::cerr << "usage: bench-make-hf --shape 1b|8b|70b|v2-lite --out DIR [--layers N]\n";
       return 2;
     }
   }
@@ -77,8 +144,9 @@ int main(int argc, char** argv) {
   if (which == "1b") s = {2048, 16, 32, 8, 8192, 32.0, 8192, true};
   else if (which == "8b") s = {4096, 32, 32, 8, 14336, 8.0, 8192, false};
   else if (which == "70b") s = {8192, 80, 64, 8, 28672, 8.0, 8192, false};
+  else if (which == "v2-lite") s = {2048, 27, 16, 1, 10944, 40.0, 4096, false};
   else {
-    std::cerr << "bench-make-hf: --shape must be 1b, 8b or 70b\n";
+    std::cerr << "bench-make-hf: --shape must be 1b, 8b, 70b or v2-lite\n";
     return 2;
   }
   if (out.empty()) {
@@ -116,12 +184,17 @@ int main(int argc, char** argv) {
                 {"original_max_position_embeddings", s.original_max}}},
               {"rms_norm_eps", 1e-5},
               {"max_position_embeddings", 131072}};
+  if (which == "v2-lite") cfg = v2_lite_config(s.layers, V);
   std::ofstream(fs::path(out) / "config.json") << cfg.dump(2) << "\n";
   fs::copy_file(tok, fs::path(out) / "tokenizer.model", fs::copy_options::overwrite_existing);
 
   const int64_t D = s.hidden, qd = int64_t(s.heads) * d, kvd = int64_t(s.kv_heads) * d, I = s.inter;
   std::vector<Tensor> all = {{"model.embed_tokens.weight", {V, D}, false}};
   for (int l = 0; l < s.layers; ++l) {
+    if (which == "v2-lite") {
+      v2_lite_layer(l, &all);
+      continue;
+    }
     const std::string p = "model.layers." + std::to_string(l) + ".";
     all.push_back({p + "input_layernorm.weight", {D}, true});
     all.push_back({p + "self_attn.q_proj.weight", {qd, D}, false});

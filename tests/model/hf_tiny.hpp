@@ -66,14 +66,23 @@ struct Spec {
   double rope_ratio = 1.0, partial_rotary_factor = 0.5;
   bool fused_qkv = false;
   nlohmann::json extra = nlohmann::json::object();  // merged into config.json last (rope_scaling ...)
+  // deepseek_v2 (MLA + DeepSeekMoE): heads, inter (dense layers), experts / top_k / moe_inter /
+  // norm_topk_prob as above; head_dim and kv_heads are not used. q_lora_rank 0 writes null (q_proj).
+  int q_lora_rank = 0, kv_lora_rank = 24, qk_nope_head_dim = 16, qk_rope_head_dim = 8, v_head_dim = 12;
+  int n_shared_experts = 0, first_k_dense_replace = 0, moe_layer_freq = 1;
+  double routed_scaling_factor = 1.0;
+  std::string topk_method = "greedy";
+  int n_group = 1, topk_group = 1;
 
   bool glm() const { return family == "chatglm" || family == "glm" || family == "glm4"; }
+  bool deepseek() const { return family == "deepseek_v2"; }
 
-  bool moe() const { return family == "qwen3_moe" || family == "mixtral"; }
+  bool moe() const { return family == "qwen3_moe" || family == "mixtral" || (deepseek() && experts > 0); }
   bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
   bool is_moe_layer(int l) const {
     if (!moe()) return false;
     if (family == "mixtral") return true;
+    if (deepseek()) return l >= first_k_dense_replace && l % moe_layer_freq == 0;
     for (int x : mlp_only_layers)
       if (x == l) return false;
     return (l + 1) % decoder_sparse_step == 0;
@@ -97,6 +106,7 @@ inline const char* class_of(const std::string& family) {
   if (family == "chatglm") return "ChatGLMModel";
   if (family == "glm") return "GlmForCausalLM";
   if (family == "glm4") return "Glm4ForCausalLM";
+  if (family == "deepseek_v2") return "DeepseekV2ForCausalLM";
   throw std::invalid_argument("unknown family " + family);
 }
 
@@ -129,9 +139,58 @@ inline nlohmann::json make_chatglm_config(const Spec& s) {
   return c;
 }
 
+// DeepSeek-V2's config.json keys (DeepSeek-V2-Lite's, with the tiny shape).
+inline nlohmann::json make_deepseek_config(const Spec& s) {
+  using nlohmann::json;
+  json c = {{"architectures", {"DeepseekV2ForCausalLM"}},
+            {"model_type", "deepseek_v2"},
+            {"hidden_size", s.hidden},
+            {"num_hidden_layers", s.layers},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.heads},
+            {"q_lora_rank", s.q_lora_rank > 0 ? json(s.q_lora_rank) : json(nullptr)},
+            {"kv_lora_rank", s.kv_lora_rank},
+            {"qk_nope_head_dim", s.qk_nope_head_dim},
+            {"qk_rope_head_dim", s.qk_rope_head_dim},
+            {"v_head_dim", s.v_head_dim},
+            {"intermediate_size", s.inter},
+            {"vocab_size", s.vocab},
+            {"max_position_embeddings", s.max_pos},
+            {"rope_theta", s.theta},
+            {"rope_scaling", nullptr},
+            {"rms_norm_eps", s.eps},
+            {"tie_word_embeddings", s.tied},
+            {"hidden_act", "silu"},
+            {"attention_bias", false},
+            {"bos_token_id", s.bos_id},
+            {"eos_token_id", s.eos_id},
+            {"torch_dtype", "bfloat16"}};
+  if (s.experts > 0) {
+    c["n_routed_experts"] = s.experts;
+    c["num_experts_per_tok"] = s.top_k;
+    c["moe_intermediate_size"] = s.moe_inter;
+    c["n_shared_experts"] = s.n_shared_experts > 0 ? json(s.n_shared_experts) : json(nullptr);
+    c["first_k_dense_replace"] = s.first_k_dense_replace;
+    c["moe_layer_freq"] = s.moe_layer_freq;
+    c["routed_scaling_factor"] = s.routed_scaling_factor;
+    c["norm_topk_prob"] = s.norm_topk_prob;
+    c["topk_method"] = s.topk_method;
+    c["n_group"] = s.n_group;
+    c["topk_group"] = s.topk_group;
+    c["scoring_func"] = "softmax";
+    c["aux_loss_alpha"] = 0.001;
+    c["seq_aux"] = true;
+  } else {
+    c["n_routed_experts"] = nullptr;
+  }
+  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) c[it.key()] = it.value();
+  return c;
+}
+
 inline nlohmann::json make_config(const Spec& s) {
   using nlohmann::json;
   if (s.family == "chatglm") return make_chatglm_config(s);
+  if (s.deepseek()) return make_deepseek_config(s);
   json c = {{"architectures", {class_of(s.family)}},
             {"model_type", s.family},
             {"hidden_size", s.hidden},
@@ -241,6 +300,52 @@ void make_glm_weights(const Spec& s, Add& add) {
   }
 }
 
+// DeepSeek-V2's tensors: MLA (q_proj or the q-LoRA triple, kv_a_proj_with_mqa, kv_a_layernorm,
+// kv_b_proj, o_proj), dense MLP before first_k_dense_replace, then router + experts + shared experts.
+template <typename Add>
+void make_deepseek_weights(const Spec& s, Add& add) {
+  const int64_t D = s.hidden, H = s.heads, R = s.kv_lora_rank, qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
+  add("model.embed_tokens.weight", {s.vocab, D}, s.embed_scale);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "post_attention_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    if (s.q_lora_rank > 0) {
+      add(p + "self_attn.q_a_proj.weight", {s.q_lora_rank, D}, s.scale);
+      add(p + "self_attn.q_a_layernorm.weight", {s.q_lora_rank}, s.qk_norm_jitter, 1.0);
+      add(p + "self_attn.q_b_proj.weight", {H * qk, s.q_lora_rank}, s.scale);
+    } else {
+      add(p + "self_attn.q_proj.weight", {H * qk, D}, s.scale);
+    }
+    add(p + "self_attn.kv_a_proj_with_mqa.weight", {R + s.qk_rope_head_dim, D}, s.scale);
+    // Far from 1 so that skipping the latent norm changes the logits clearly.
+    add(p + "self_attn.kv_a_layernorm.weight", {R}, s.qk_norm_jitter, 1.0);
+    add(p + "self_attn.kv_b_proj.weight", {H * (s.qk_nope_head_dim + s.v_head_dim), R}, s.scale);
+    add(p + "self_attn.o_proj.weight", {D, H * s.v_head_dim}, s.scale);
+    if (s.is_moe_layer(l)) {
+      add(p + "mlp.gate.weight", {s.experts, D}, s.router_scale);
+      for (int e = 0; e < s.experts; ++e) {
+        const auto n = expert_tensor_names(s, l, e);
+        add(n[0], {s.moe_inter, D}, s.scale);
+        add(n[1], {s.moe_inter, D}, s.scale);
+        add(n[2], {D, s.moe_inter}, s.scale);
+      }
+      if (s.n_shared_experts > 0) {
+        const int64_t Is = int64_t(s.n_shared_experts) * s.moe_inter;
+        add(p + "mlp.shared_experts.gate_proj.weight", {Is, D}, s.scale);
+        add(p + "mlp.shared_experts.up_proj.weight", {Is, D}, s.scale);
+        add(p + "mlp.shared_experts.down_proj.weight", {D, Is}, s.scale);
+      }
+    } else {
+      add(p + "mlp.gate_proj.weight", {s.inter, D}, s.scale);
+      add(p + "mlp.up_proj.weight", {s.inter, D}, s.scale);
+      add(p + "mlp.down_proj.weight", {D, s.inter}, s.scale);
+    }
+  }
+  add("model.norm.weight", {D}, s.norm_jitter, 1.0);
+  if (!s.tied) add("lm_head.weight", {s.vocab, D}, s.scale);
+}
+
 inline TensorMap make_weights(const Spec& s) {
   std::mt19937_64 rng(s.seed);
   std::normal_distribution<double> g(0.0, 1.0);
@@ -257,6 +362,10 @@ inline TensorMap make_weights(const Spec& s) {
   const int64_t D = s.hidden, qd = int64_t(s.heads) * s.head_dim, kvd = int64_t(s.kv_heads) * s.head_dim;
   if (s.glm()) {
     make_glm_weights(s, add);
+    return m;
+  }
+  if (s.deepseek()) {
+    make_deepseek_weights(s, add);
     return m;
   }
   add("model.embed_tokens.weight", {s.vocab, D}, s.embed_scale);

@@ -21,7 +21,8 @@ using nlohmann::json;
 namespace hf = kvq::test::hf;
 
 const char* kUsage =
-    "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4 --out DIR\n"
+    "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4|deepseek_v2\n"
+    "                        --out DIR\n"
     "                        [--seed S] [--scale X]\n"
     "                        [--layers N] [--head-dim D] [--kv-heads H]\n"
     "  Writes a tiny untrained model directory in the Hugging Face layout (test data).\n"
@@ -34,12 +35,17 @@ const char* kUsage =
     "            128 of which 64 rotate in adjacent pairs; glm4: the same in the Glm4ForCausalLM layout\n"
     "            (split q/k/v, fused gate_up_proj, sandwich norms); both with the Qwen tokenizer and\n"
     "            the q/k rows of the static dims (64..127) scaled by 3, so that the static blocks'\n"
-    "            energy is ~9x the rotating ones' and Block-GTQ has a contrast to follow\n"
+    "            energy is ~9x the rotating ones' and Block-GTQ has a contrast to follow;\n"
+    "            deepseek_v2: DeepSeek-V2-Lite's form (MLA: q_proj, kv_lora_rank 32, qk_nope 16, qk_rope 16,\n"
+    "            v 16, so the served cache row is 16 rotating + 32 latent dims; layer 0 dense, then\n"
+    "            DeepSeekMoE: 8 routed experts top-2 + 2 shared; YaRN factor 40 over 64 positions,\n"
+    "            mscale = mscale_all_dim = 0.707), Llama-3-style tokenizer with BOS\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
     "  --scale   std of the weights (default 0.02)\n"
     "  --layers, --head-dim, --kv-heads  override the family's shape (query heads = 2 x KV heads),\n"
-    "            e.g. a real model's layer and head count with a tiny hidden size\n";
+    "            e.g. a real model's layer and head count with a tiny hidden size (deepseek_v2: --layers\n"
+    "            only; its one latent KV head has no head-dim or KV-head count to set)\n";
 
 // GPT-2 / HF ByteLevel: the printable bytes map to themselves, the other 68 to U+0100 + n. The
 // vocabulary ids follow the same order (printable bytes first), as in GPT-2-derived vocabularies.
@@ -222,9 +228,28 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
     s.rope_ratio = 500.0;
     s.theta = 5e6;  // glm4: the base stated as rope_theta
     s.partial_rotary_factor = 0.5;
+  } else if (family == "deepseek_v2") {
+    s.family = family;
+    s.layers = 3;
+    s.kv_lora_rank = 32;
+    s.qk_nope_head_dim = 16;
+    s.qk_rope_head_dim = 16;
+    s.v_head_dim = 16;
+    s.experts = 8;
+    s.top_k = 2;
+    s.moe_inter = 32;
+    s.n_shared_experts = 2;
+    s.first_k_dense_replace = 1;
+    s.norm_topk_prob = false;
+    s.routed_scaling_factor = 1.0;
+    s.eps = 1e-6;
+    s.max_pos = 2560;
+    s.extra["rope_scaling"] = {{"type", "yarn"},  {"factor", 40},         {"original_max_position_embeddings", 64},
+                               {"beta_fast", 32}, {"beta_slow", 1},       {"mscale", 0.707},
+                               {"mscale_all_dim", 0.707}};
   } else {
     throw std::invalid_argument("--family: unknown '" + family +
-                                "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4)");
+                                "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4, deepseek_v2)");
   }
   return s;
 }
@@ -306,6 +331,8 @@ int run(int argc, char** argv) {
   }
   if (family.empty() || out.empty()) throw std::invalid_argument("--family and --out are required");
   hf::Spec s = spec_for(family, seed, scale);
+  if (s.deepseek() && (head_dim || kv_heads))
+    throw std::invalid_argument("--head-dim/--kv-heads: not settable for deepseek_v2 (one latent KV head)");
   if (layers) s.layers = layers;
   if (head_dim) s.head_dim = head_dim;
   if (kv_heads) {

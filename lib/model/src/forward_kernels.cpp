@@ -111,14 +111,25 @@ void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& 
 }
 
 Workspace::Workspace(const ModelConfig& c, int64_t B, int64_t T) : batch(B), seq(T) {
-  const int64_t N = B * T, H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
+  const int64_t N = B * T, H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim, dv = c.v_dim();
   auto f = [](std::initializer_list<int64_t> shape) { return at::empty(shape, at::kFloat); };
   h = f({N, c.hidden_size});
-  qkv = f({N, (H + 2 * Hk) * d});
+  if (c.is_mla()) {
+    const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim, R = c.kv_lora_rank;
+    qkv = f({N, (c.q_lora_rank > 0 ? c.q_lora_rank : H * qk) + R + c.qk_rope_head_dim});
+    if (c.q_lora_rank > 0) mla_qa = f({N, c.q_lora_rank});
+    mla_q = f({N, H * qk});
+    mla_nope = f({H, N, c.qk_nope_head_dim});
+    mla_lat = f({H, N, R});
+    mla_out = f({H, N, c.v_head_dim});
+    mla_o = f({N, H * c.v_head_dim});
+  } else {
+    qkv = f({N, (H + 2 * Hk) * d});
+  }
   q = f({N, H * d});
   k = f({N, Hk * d});
-  v = f({N, Hk * d});
-  attn = f({N, H * d});
+  v = f({N, Hk * dv});
+  attn = f({N, H * dv});
   bool any_dense = false, any_moe = false;
   for (int l = 0; l < c.n_layers; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
   if (any_dense) {
@@ -131,6 +142,11 @@ Workspace::Workspace(const ModelConfig& c, int64_t B, int64_t T) : batch(B), seq
     moe_gate_up = f({N, 2 * int64_t(c.moe_intermediate_size)});
     moe_act = f({N, c.moe_intermediate_size});
     moe_out = f({N, c.hidden_size});
+    if (c.n_shared_experts > 0) {
+      const int64_t Is = int64_t(c.n_shared_experts) * c.moe_intermediate_size;
+      shared_gate_up = f({N, 2 * Is});
+      shared_act = f({N, Is});
+    }
   }
   // Query blocks of tb positions only score the keys up to their end (about half of T x T);
   // a few windows per chunk keep each block's scores cache-resident.
@@ -139,10 +155,10 @@ Workspace::Workspace(const ModelConfig& c, int64_t B, int64_t T) : batch(B), seq
   chunk = std::max<int64_t>(1, std::min<int64_t>(B, (int64_t(4) << 20) / per_window));
   qh = f({chunk * Hk, T * G, d});
   kh = f({chunk * Hk, T, d});
-  vh = f({chunk * Hk, T, d});
+  vh = f({chunk * Hk, T, dv});
   scores = f({chunk * Hk * tb * G * T});
   probs = f({chunk * Hk * tb * G * T});
-  out = f({chunk * Hk * tb * G * d});
+  out = f({chunk * Hk * tb * G * dv});
   // Row i*G + g (query i of the block, head g of the group) may see keys j <= i of the block.
   mask_diag = at::full({tb, tb}, -std::numeric_limits<float>::infinity(), at::kFloat)
                   .triu_(1)
@@ -166,17 +182,17 @@ void Workspace::ensure_protected() {
 // repeated and each query block is a contiguous row range. window > 0: query i sees only keys
 // j > i - window; a block whose keys all lie inside every row's window takes the plain causal path.
 void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window) {
-  const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
-  const double scale = 1.0 / std::sqrt(double(d));
-  const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, d});
-  at::Tensor attn5 = ws.attn.view({B, T, Hk, G, d});
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim, dv = c.v_dim();
+  const double scale = c.attn_scale();
+  const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, dv});
+  at::Tensor attn5 = ws.attn.view({B, T, Hk, G, dv});
   for (int64_t b0 = 0; b0 < B; b0 += ws.chunk) {
     const int64_t nb = std::min(ws.chunk, B - b0), n = nb * Hk;
     at::Tensor qh = ws.qh.narrow(0, 0, n), kh = ws.kh.narrow(0, 0, n), vh = ws.vh.narrow(0, 0, n);
     qh.view({nb, Hk, T, G, d}).copy_(q5.narrow(0, b0, nb).permute({0, 2, 1, 3, 4}));
     qh.mul_(scale);  // on q rather than on the larger score blocks
     kh.view({nb, Hk, T, d}).copy_(k4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
-    vh.view({nb, Hk, T, d}).copy_(v4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    vh.view({nb, Hk, T, dv}).copy_(v4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
     for (int64_t t0 = 0; t0 < T; t0 += ws.tb) {
       const int64_t len = std::min(ws.tb, T - t0), t1 = t0 + len, rows = len * G;
       // Sliding: the block's keys start at its first query's window (t1 - 1 < W: none cut off).
@@ -184,7 +200,7 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_
       const int64_t k0 = windowed ? std::max<int64_t>(0, t0 - window + 1) : 0, nk = t1 - k0;
       at::Tensor s = ws.scores.narrow(0, 0, n * rows * nk).view({n, rows, nk});
       at::Tensor p = ws.probs.narrow(0, 0, n * rows * nk).view({n, rows, nk});
-      at::Tensor o = ws.out.narrow(0, 0, n * rows * d).view({n, rows, d});
+      at::Tensor o = ws.out.narrow(0, 0, n * rows * dv).view({n, rows, dv});
       at::bmm_out(s, qh.narrow(1, t0 * G, rows), kh.narrow(1, k0, nk).transpose(1, 2));
       if (windowed)
         mask_window(s, t0, k0, G, window);
@@ -192,7 +208,7 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_
         s.narrow(2, t0, len).add_(ws.mask_diag.narrow(0, 0, rows).narrow(1, 0, len));
       at::softmax_out(p, s, -1);
       at::bmm_out(o, p, vh.narrow(1, k0, nk));
-      attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, d}).permute({0, 2, 1, 3, 4}));
+      attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, dv}).permute({0, 2, 1, 3, 4}));
     }
   }
 }
@@ -205,12 +221,12 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_
 // P_full·V + P_coded·V_coded. A block without coded pairs is attention()'s block, unchanged.
 void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, int64_t sink,
                          int64_t recent) {
-  const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
-  const double scale = 1.0 / std::sqrt(double(d));
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim, dv = c.v_dim();
+  const double scale = c.attn_scale();
   const float ninf = -std::numeric_limits<float>::infinity();
-  const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, d});
-  const at::Tensor kq4 = ws.kq.view({B, T, Hk, d}), vq4 = ws.vq.view({B, T, Hk, d});
-  at::Tensor attn5 = ws.attn.view({B, T, Hk, G, d});
+  const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, dv});
+  const at::Tensor kq4 = ws.kq.view({B, T, Hk, d}), vq4 = ws.vq.view({B, T, Hk, dv});
+  at::Tensor attn5 = ws.attn.view({B, T, Hk, G, dv});
   for (int64_t b0 = 0; b0 < B; b0 += ws.chunk) {
     const int64_t nb = std::min(ws.chunk, B - b0), n = nb * Hk;
     at::Tensor qh = ws.qh.narrow(0, 0, n), kh = ws.kh.narrow(0, 0, n), vh = ws.vh.narrow(0, 0, n);
@@ -218,9 +234,9 @@ void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig&
     qh.view({nb, Hk, T, G, d}).copy_(q5.narrow(0, b0, nb).permute({0, 2, 1, 3, 4}));
     qh.mul_(scale);
     kh.view({nb, Hk, T, d}).copy_(k4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
-    vh.view({nb, Hk, T, d}).copy_(v4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    vh.view({nb, Hk, T, dv}).copy_(v4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
     khq.view({nb, Hk, T, d}).copy_(kq4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
-    vhq.view({nb, Hk, T, d}).copy_(vq4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
+    vhq.view({nb, Hk, T, dv}).copy_(vq4.narrow(0, b0, nb).permute({0, 2, 1, 3}));
     for (int64_t t0 = 0; t0 < T; t0 += ws.tb) {
       const int64_t len = std::min(ws.tb, T - t0), t1 = t0 + len, rows = len * G;
       const bool windowed = window > 0 && t1 - 1 >= window;
@@ -229,7 +245,7 @@ void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig&
       const int64_t c0 = std::max(k0, sink), c1 = t1 - recent, nc = c1 - c0;
       at::Tensor s = ws.scores.narrow(0, 0, n * rows * nk).view({n, rows, nk});
       at::Tensor p = ws.probs.narrow(0, 0, n * rows * nk).view({n, rows, nk});
-      at::Tensor o = ws.out.narrow(0, 0, n * rows * d).view({n, rows, d});
+      at::Tensor o = ws.out.narrow(0, 0, n * rows * dv).view({n, rows, dv});
       at::bmm_out(s, qh.narrow(1, t0 * G, rows), kh.narrow(1, k0, nk).transpose(1, 2));
       if (nc <= 0) {  // every pair of the block is full precision
         if (windowed)
@@ -283,7 +299,7 @@ void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig&
         at::bmm_out(o, p, vh.narrow(1, k0, nk));
         o.baddbmm_(pq, vhq.narrow(1, c0, nc));
       }
-      attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, d}).permute({0, 2, 1, 3, 4}));
+      attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, dv}).permute({0, 2, 1, 3, 4}));
     }
   }
 }
@@ -298,19 +314,42 @@ void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Ten
   const float* pp = probs.data_ptr<float>();
   std::vector<int32_t> pick(size_t(N * K));
   std::vector<float> weight(size_t(N * K));
+  // DeepSeek's group_limited_greedy: only experts of the topk_group groups with the highest best
+  // probability compete (the others count as probability 0, as modeling_deepseek.py masks them).
+  const int64_t n_group = c.n_group, group_size = n_group > 0 ? E / n_group : E;
+  const bool scaled = !c.norm_topk_prob && c.routed_scaling_factor != 1.0;
+  const float rsf = float(c.routed_scaling_factor);
   at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> order(static_cast<size_t>(E));
+    std::vector<int32_t> order(static_cast<size_t>(E)), gorder(static_cast<size_t>(std::max<int64_t>(n_group, 1)));
+    std::vector<float> gbest(gorder.size()), masked(static_cast<size_t>(E));
     for (int64_t t = begin; t < end; ++t) {
       const float* pr = pp + t * E;
+      const float* score = pr;
+      if (n_group > 0) {
+        for (int64_t g = 0; g < n_group; ++g) {
+          gbest[size_t(g)] = *std::max_element(pr + g * group_size, pr + (g + 1) * group_size);
+          gorder[size_t(g)] = int32_t(g);
+        }
+        std::partial_sort(gorder.begin(), gorder.begin() + c.topk_group, gorder.end(), [&](int32_t a, int32_t b) {
+          return gbest[size_t(a)] > gbest[size_t(b)] || (gbest[size_t(a)] == gbest[size_t(b)] && a < b);
+        });
+        std::fill(masked.begin(), masked.end(), 0.f);
+        for (int64_t k = 0; k < c.topk_group; ++k) {
+          const int64_t g = gorder[size_t(k)];
+          std::copy(pr + g * group_size, pr + (g + 1) * group_size, masked.begin() + g * group_size);
+        }
+        score = masked.data();
+      }
       for (int32_t e = 0; e < E; ++e) order[size_t(e)] = e;
       std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-        return pr[a] > pr[b] || (pr[a] == pr[b] && a < b);
+        return score[a] > score[b] || (score[a] == score[b] && a < b);
       });
       float sum = 0;
       for (int64_t k = 0; k < K; ++k) sum += pr[order[size_t(k)]];
       for (int64_t k = 0; k < K; ++k) {
+        const float p = pr[order[size_t(k)]];
         pick[size_t(t * K + k)] = order[size_t(k)];
-        weight[size_t(t * K + k)] = c.norm_topk_prob ? pr[order[size_t(k)]] / sum : pr[order[size_t(k)]];
+        weight[size_t(t * K + k)] = c.norm_topk_prob ? p / sum : scaled ? p * rsf : p;
       }
     }
   });
@@ -335,6 +374,13 @@ void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Ten
     at::mm_out(out, act, L.expert_down[size_t(e)].t());
     out.mul_(we);
     x.index_add_(0, idx, out);
+  }
+  if (L.shared_gate_up.defined()) {  // DeepSeekMoE: x += shared(h), every token
+    const int64_t Is = L.shared_down.size(1);
+    at::mm_out(ws.shared_gate_up, ws.h, L.shared_gate_up.t());
+    at::silu_out(ws.shared_act, ws.shared_gate_up.narrow(1, 0, Is));
+    ws.shared_act.mul_(ws.shared_gate_up.narrow(1, Is, Is));
+    x.addmm_(ws.shared_act, L.shared_down.t());
   }
 }
 

@@ -40,6 +40,10 @@ struct Workspace {
   // Protected cache only (ensure_protected): the coded K/V beside the full ones.
   at::Tensor kq, vq, khq, vhq, scores_q, probs_q;
   at::Tensor moe_x, moe_gate_up, moe_act, moe_out;  // MoE: the rows routed to one expert
+  at::Tensor shared_gate_up, shared_act;            // DeepSeekMoE's shared experts
+  // MLA: q_a (q-LoRA's normed rank), q_full [N, H (nope + rope)], per-head [H, N, .] operands of the
+  // W_UK / W_UV absorption, and o_in [N, H v] (o_proj's input).
+  at::Tensor mla_qa, mla_q, mla_nope, mla_lat, mla_out, mla_o;
   int64_t batch = 0, seq = 0, chunk = 1, tb = 1;
 
   Workspace(const ModelConfig& c, int64_t B, int64_t T);
@@ -74,7 +78,8 @@ class WorkspaceLease {
   std::shared_ptr<Workspace> ws_;
 };
 
-// Causal attention of ws.q (post-RoPE, [B*T, H*d]) over ws.k, ws.v ([B*T, Hkv*d]) into ws.attn.
+// Causal attention of ws.q (post-RoPE, [B*T, H*d]) over ws.k ([B*T, Hkv*d]) and ws.v
+// ([B*T, Hkv*dv], dv = c.v_dim()) into ws.attn ([B*T, H*dv]), logits scaled by c.attn_scale().
 // The G query heads of a KV head are stacked as extra rows (t*G + g), so K and V are never
 // repeated and each query block is a contiguous row range. window > 0: query i sees only keys
 // j > i - window; a block whose keys all lie inside every row's window takes the plain causal path.
@@ -89,7 +94,8 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_
 void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, int64_t sink,
                          int64_t recent);
 
-// x += Σ_kept p_e · SwiGLU_e(ws.h) for the top-k experts of each token (router softmax in fp32).
+// x += Σ_kept p_e · SwiGLU_e(ws.h) for the top-k experts of each token (router softmax in fp32);
+// DeepSeekMoE: group-limited selection, routed_scaling_factor, and + shared(ws.h) last.
 // Only chosen experts run: the tokens routed to expert e are gathered, one GEMM chain per expert,
 // scaled by their weights and added back in expert order. Top-k ties go to the lower expert index
 // (torch.topk leaves tie order unspecified; exact ties of fp32 router probabilities are rare).

@@ -41,7 +41,9 @@ ExpertNames expert_names(const ModelConfig& c, int layer, int e) {
 // past the count is a config/weights mismatch, reported as such rather than as one absent tensor.
 void check_expert_count(const ModelConfig& c, const std::string& config_path,
                         const std::map<std::string, const SafetensorsFile*>& owner, const std::string& source) {
-  const std::string key = c.architecture == "mixtral" ? "num_local_experts" : "num_experts";
+  const std::string key = c.architecture == "mixtral"       ? "num_local_experts"
+                          : c.architecture == "deepseek_v2" ? "n_routed_experts"
+                                                            : "num_experts";
   const std::string stated = key + " is " + std::to_string(c.n_experts);
   for (const auto& kv : owner) {
     const std::string& name = kv.first;
@@ -131,6 +133,28 @@ LayerNames layer_names(const ModelConfig& c, int l, bool fused_qkv) {
   return n;
 }
 
+// DeepSeek-V2 MLA's attention tensors of layer l (o_proj included), the q projection first and
+// kv_a_proj_with_mqa second: build() stacks them as the rows of one GEMM.
+std::vector<WantTensor> mla_tensors(const ModelConfig& c, int l) {
+  const int64_t D = c.hidden_size, H = c.n_heads, R = c.kv_lora_rank;
+  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+  std::vector<WantTensor> w;
+  if (c.q_lora_rank > 0) {
+    w.push_back({p + "q_a_proj.weight", {c.q_lora_rank, D}});
+    w.push_back({p + "kv_a_proj_with_mqa.weight", {R + c.qk_rope_head_dim, D}});
+    w.push_back({p + "q_a_layernorm.weight", {c.q_lora_rank}});
+    w.push_back({p + "q_b_proj.weight", {H * qk, c.q_lora_rank}});
+  } else {
+    w.push_back({p + "q_proj.weight", {H * qk, D}});
+    w.push_back({p + "kv_a_proj_with_mqa.weight", {R + c.qk_rope_head_dim, D}});
+  }
+  w.push_back({p + "kv_a_layernorm.weight", {R}});
+  w.push_back({p + "kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), R}});
+  w.push_back({p + "o_proj.weight", {D, H * c.v_head_dim}});
+  return w;
+}
+
 // The tensors of decoder layer l, with the shapes the config implies.
 std::vector<WantTensor> layer_tensors(const ModelConfig& c, int l, bool fused_qkv) {
   const int64_t D = c.hidden_size, I = c.intermediate_size;
@@ -139,7 +163,9 @@ std::vector<WantTensor> layer_tensors(const ModelConfig& c, int l, bool fused_qk
   const LayerNames n = layer_names(c, l, fused_qkv);
   std::vector<WantTensor> w;
   w.push_back({n.attn_norm, {D}});
-  if (!n.qkv.empty()) {
+  if (c.is_mla()) {
+    for (const auto& t : mla_tensors(c, l)) w.push_back(t);
+  } else if (!n.qkv.empty()) {
     w.push_back({n.qkv, {qd + 2 * kvd, D}});
     if (c.qkv_bias) w.push_back({n.qkv_bias, {qd + 2 * kvd}});
   } else {
@@ -152,7 +178,7 @@ std::vector<WantTensor> layer_tensors(const ModelConfig& c, int l, bool fused_qk
       w.push_back({n.v + ".bias", {kvd}});
     }
   }
-  w.push_back({n.o, {D, qd}});
+  if (!c.is_mla()) w.push_back({n.o, {D, qd}});
   if (c.o_bias) w.push_back({p + "self_attn.o_proj.bias", {D}});
   if (c.qk_norm) {
     w.push_back({p + "self_attn.q_norm.weight", {c.head_dim}});
@@ -171,6 +197,12 @@ std::vector<WantTensor> layer_tensors(const ModelConfig& c, int l, bool fused_qk
       w.push_back({en.gate, {Ie, D}});
       w.push_back({en.up, {Ie, D}});
       w.push_back({en.down, {D, Ie}});
+    }
+    if (c.n_shared_experts > 0) {
+      const int64_t Is = int64_t(c.n_shared_experts) * Ie;
+      w.push_back({p + "mlp.shared_experts.gate_proj.weight", {Is, D}});
+      w.push_back({p + "mlp.shared_experts.up_proj.weight", {Is, D}});
+      w.push_back({p + "mlp.shared_experts.down_proj.weight", {D, Is}});
     }
   } else {
     if (!n.gate_up.empty()) {
@@ -227,6 +259,7 @@ class HfCheckpoint final : public LayerSource {
     // Validate everything before converting anything.
     if (c.n_experts > 0) check_expert_count(c, config_path, owner_, source_);
     if (fused_qkv_) check_fused_qkv(config_path);
+    if (c.is_mla()) check_kv_lora_rank(config_path);
     file_of(names_.embed).check(names_.embed, {V, D});
     for (int l = 0; l < c.n_layers; ++l)
       for (const auto& want : layer_tensors(c, l, fused_qkv_)) file_of(want.name).check(want.name, want.shape);
@@ -265,14 +298,26 @@ class HfCheckpoint final : public LayerSource {
     const LayerNames n = layer_names(c, l, fused_qkv_);
     LayerWeights L;
     L.attn_norm = load(n.attn_norm, {D});
-    if (!n.qkv.empty()) {
+    if (c.is_mla()) {
+      const std::vector<WantTensor> m = mla_tensors(c, l);  // q (or q_a), kv_a, [q_a_norm, q_b], kv_a_norm, kv_b, o
+      L.wqkv = stack({m[0].name, m[1].name}, {m[0].shape[0], m[1].shape[0]}, D);
+      size_t i = 2;
+      if (c.q_lora_rank > 0) {
+        L.q_a_norm = load(m[i].name, m[i].shape);
+        L.wq_b = load(m[i + 1].name, m[i + 1].shape);
+        i += 2;
+      }
+      L.kv_a_norm = load(m[i].name, m[i].shape);
+      L.w_kv_b = load(m[i + 1].name, m[i + 1].shape);
+      L.wo = load(m[i + 2].name, m[i + 2].shape);
+    } else if (!n.qkv.empty()) {
       L.wqkv = load(n.qkv, {qd + 2 * kvd, D});
       if (c.qkv_bias) L.bqkv = load(n.qkv_bias, {qd + 2 * kvd});
     } else {
       L.wqkv = stack({n.q + ".weight", n.k + ".weight", n.v + ".weight"}, {qd, kvd, kvd}, D);
       if (c.qkv_bias) L.bqkv = stack({n.q + ".bias", n.k + ".bias", n.v + ".bias"}, {qd, kvd, kvd}, 0);
     }
-    L.wo = load(n.o, {D, qd});
+    if (!c.is_mla()) L.wo = load(n.o, {D, qd});
     if (c.o_bias) L.bo = load(p + "self_attn.o_proj.bias", {D});
     L.ffn_norm = load(n.ffn_norm, {D});
     if (c.qk_norm) {
@@ -290,6 +335,12 @@ class HfCheckpoint final : public LayerSource {
         const ExpertNames en = expert_names(c, l, e);
         L.expert_gate_up.push_back(stack({en.gate, en.up}, {Ie, Ie}, D));
         L.expert_down.push_back(load(en.down, {D, Ie}));
+      }
+      if (c.n_shared_experts > 0) {
+        const int64_t Is = int64_t(c.n_shared_experts) * Ie;
+        L.shared_gate_up = stack({p + "mlp.shared_experts.gate_proj.weight", p + "mlp.shared_experts.up_proj.weight"},
+                                 {Is, Is}, D);
+        L.shared_down = load(p + "mlp.shared_experts.down_proj.weight", {D, Is});
       }
     } else {
       L.w_gate_up = n.gate_up.empty() ? stack({n.gate, n.up}, {I, I}, D) : load(n.gate_up, {2 * I, D});
@@ -359,6 +410,30 @@ class HfCheckpoint final : public LayerSource {
                         std::to_string(c.n_heads) + ", " + (chat ? "multi_query_group_num " : "num_key_value_heads ") +
                         std::to_string(c.n_kv_heads) + ", " + (chat ? "kv_channels " : "head_dim ") +
                         std::to_string(c.head_dim) + ")");
+      }
+    }
+  }
+
+  // MLA: the latent width the tensors hold must be config.json's kv_lora_rank; a mismatch is named
+  // as such (not as three unrelated shape errors).
+  void check_kv_lora_rank(const std::string& config_path) const {
+    const ModelConfig& c = c_;
+    const int64_t R = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+    for (int l = 0; l < c.n_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+      struct Want { std::string name; size_t dim; int64_t size; const char* what; };
+      const Want wants[] = {
+          {p + "kv_a_proj_with_mqa.weight", 0, R + rope, "rows (kv_lora_rank + qk_rope_head_dim)"},
+          {p + "kv_a_layernorm.weight", 0, R, "entries (kv_lora_rank)"},
+          {p + "kv_b_proj.weight", 1, R, "columns (kv_lora_rank)"}};
+      for (const Want& w : wants) {
+        if (!owner_.count(w.name)) continue;  // check() names an absent tensor
+        const StTensorInfo* t = file_of(w.name).find(w.name);
+        if (!t || t->shape.size() <= w.dim || t->shape[w.dim] == w.size) continue;
+        throw Error(config_path, "kv_lora_rank",
+                    std::to_string(R) + " disagrees with the weights: tensor '" + w.name + "' (in " +
+                        file_of(w.name).path() + ") has shape " + shape_str(t->shape) + ", expected " +
+                        std::to_string(w.size) + " " + w.what);
       }
     }
   }

@@ -88,10 +88,10 @@ std::string architecture_of(const ConfigReader& r, const json& j, const std::str
       {"Qwen2ForCausalLM", "qwen2"},     {"Qwen3ForCausalLM", "qwen3"},
       {"Qwen3MoeForCausalLM", "qwen3_moe"}, {"MixtralForCausalLM", "mixtral"},
       {"GlmForCausalLM", "glm"},         {"Glm4ForCausalLM", "glm4"},
-      {"ChatGLMModel", "chatglm"},       {"ChatGLMForConditionalGeneration", "chatglm"}};
+      {"ChatGLMModel", "chatglm"},       {"ChatGLMForConditionalGeneration", "chatglm"},
+      {"DeepseekV2ForCausalLM", "deepseek_v2"}};
   static const std::map<std::string, std::string> refused = {
-      {"deepseek_v2", "multi-head latent attention (MLA): K/V are a shared latent projection, not a per-head KV cache"},
-      {"deepseek_v3", "multi-head latent attention (MLA): K/V are a shared latent projection, not a per-head KV cache"},
+      {"deepseek_v3", "DeepSeek-V3's sigmoid router with a correction bias (noaux_tc) and FP8 weights are not implemented"},
       {"gemma", "(1 + w) RMSNorm, GeGLU MLP and scaled embeddings are not implemented"},
       {"gemma2", "(1 + w) RMSNorm, GeGLU MLP and logit softcapping are not implemented"},
       {"gemma3", "(1 + w) RMSNorm, GeGLU MLP, q/k norm and local/global RoPE are not implemented"},
@@ -99,12 +99,12 @@ std::string architecture_of(const ConfigReader& r, const json& j, const std::str
       {"phi3", "LongRoPE scaling and the fused qkv_proj / gate_up_proj layout are not implemented"},
       {"qwen2_moe", "shared experts with a sigmoid shared-expert gate are not implemented"}};
   static const std::map<std::string, std::string> refused_class = {
-      {"DeepseekV2ForCausalLM", "deepseek_v2"}, {"DeepseekV3ForCausalLM", "deepseek_v3"},
+      {"DeepseekV3ForCausalLM", "deepseek_v3"},
       {"GemmaForCausalLM", "gemma"},
       {"Gemma2ForCausalLM", "gemma2"}, {"Gemma3ForCausalLM", "gemma3_text"},
       {"Gemma3ForConditionalGeneration", "gemma3"}, {"Phi3ForCausalLM", "phi3"},
       {"Qwen2MoeForCausalLM", "qwen2_moe"}};
-  const std::string supported = " (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, chatglm, glm, glm4)";
+  const std::string supported = " (supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, chatglm, glm, glm4, deepseek_v2)";
   auto refuse = [&](const char* field, const std::string& name, const std::string& mt) {
     auto why = refused.find(mt);
     if (why != refused.end())
@@ -331,6 +331,104 @@ void parse_chatglm_config(const ConfigReader& r, const std::string& path, ModelC
   if (!r.boolean("original_rope", true)) throw Error(path, "original_rope", "false is not supported");
   if (r.has("rope_scaling")) throw Error(path, "rope_scaling", "is not supported for chatglm (rope_ratio scales the base)");
 }
+
+// YaRN's magnitude correction 0.1 m ln s + 1 (1 at s <= 1), as DeepSeek's yarn_get_mscale.
+double deepseek_mscale(double s, double m) { return s <= 1.0 ? 1.0 : 0.1 * m * std::log(s) + 1.0; }
+
+// DeepSeek-V2 / V2-Lite (DeepseekV2ForCausalLM, the official modeling_deepseek.py): MLA in its
+// served (absorbed) form, DeepSeek's YaRN, DeepSeekMoE. See ModelConfig for the served cache.
+void parse_deepseek_config(const ConfigReader& r, const json& j, const std::string& path, ModelConfig* c) {
+  c->hidden_size = r.positive_int("hidden_size");
+  c->n_layers = r.positive_int("num_hidden_layers");
+  c->n_heads = r.positive_int("num_attention_heads");
+  c->n_kv_heads = 1;  // the served cache: one latent row per token, shared by every query head
+  c->q_lora_rank = r.has("q_lora_rank") ? r.positive_int("q_lora_rank") : 0;
+  c->kv_lora_rank = r.positive_int("kv_lora_rank");
+  c->qk_nope_head_dim = r.positive_int("qk_nope_head_dim");
+  c->qk_rope_head_dim = r.positive_int("qk_rope_head_dim");
+  c->v_head_dim = r.positive_int("v_head_dim");
+  if (c->qk_rope_head_dim % 2 != 0)
+    throw Error(path, "qk_rope_head_dim", std::to_string(c->qk_rope_head_dim) + " is odd");
+  c->head_dim = c->qk_rope_head_dim + c->kv_lora_rank;
+  c->head_dim_v = c->kv_lora_rank;
+  c->rotary_dim = c->qk_rope_head_dim;
+  c->pairing = RopePairing::kInterleaved;  // the official code's q/k_pe permutation: planes (2i, 2i+1)
+  c->intermediate_size = r.positive_int("intermediate_size");
+  c->vocab_size = r.positive_int("vocab_size");
+  c->max_seq_len = r.positive_int("max_position_embeddings");
+  c->rope_theta = r.positive_number("rope_theta", 10000.0);
+  c->rms_norm_eps = r.positive_number("rms_norm_eps", 1e-6);
+  c->tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  c->bos_id = r.token_id("bos_token_id", 100000);
+  c->eos_id = r.token_id("eos_token_id", 100001);
+  const std::string act = r.string("hidden_act");
+  if (!act.empty() && act != "silu") throw Error(path, "hidden_act", "'" + act + "' is not supported (silu)");
+  if (r.boolean("attention_bias", false)) throw Error(path, "attention_bias", "true is not supported");
+
+  parse_rope_scaling(j, path, c);
+  RopeScaling& rs = c->rope_scaling;
+  if (rs.type == RopeType::kLlama3)
+    throw Error(path, "rope_scaling", "'llama3' is not a DeepSeek-V2 RoPE (default, linear, dynamic, yarn)");
+  double scale = 1.0 / std::sqrt(double(c->qk_nope_head_dim + c->qk_rope_head_dim));
+  if (rs.type == RopeType::kYarn) {
+    // DeepseekV2YarnRotaryEmbedding: original length 4096 by default; cos/sin times
+    // ms(f, mscale) / ms(f, mscale_all_dim) with mscale 1 and mscale_all_dim 0 by default (so
+    // attention_factor, which the official code never reads, is replaced).
+    if (rs.original_max_position_embeddings == 0) rs.original_max_position_embeddings = 4096;
+    rs.attention_factor = deepseek_mscale(rs.factor, rs.mscale > 0 ? rs.mscale : 1.0) /
+                          deepseek_mscale(rs.factor, rs.mscale_all_dim);
+  }
+  // The official attention scales by ms(factor, mscale_all_dim)^2 whenever rope_scaling states
+  // mscale_all_dim (transformers' own deepseek_v2 long lacked it).
+  if (rs.type != RopeType::kDefault && rs.mscale_all_dim > 0) {
+    const double m = deepseek_mscale(rs.factor, rs.mscale_all_dim);
+    scale *= m * m;
+  }
+  c->softmax_scale = scale;
+
+  // DeepSeekMoE. Layer l is MoE iff n_routed_experts is set, l >= first_k_dense_replace and
+  // l % moe_layer_freq == 0.
+  if (!r.has("n_routed_experts")) return;
+  c->n_experts = r.positive_int("n_routed_experts");
+  c->n_experts_per_tok = r.positive_int("num_experts_per_tok");
+  c->moe_intermediate_size = r.positive_int("moe_intermediate_size");
+  c->n_shared_experts = r.has("n_shared_experts") ? r.positive_int("n_shared_experts") : 0;
+  if (c->n_experts_per_tok > c->n_experts)
+    throw Error(path, "num_experts_per_tok", std::to_string(c->n_experts_per_tok) + " is above n_routed_experts " +
+                                                 std::to_string(c->n_experts));
+  c->routed_scaling_factor = r.positive_number("routed_scaling_factor", 1.0);
+  // modeling_deepseek.py renormalises only for top_k > 1 (else it scales by routed_scaling_factor).
+  c->norm_topk_prob = r.boolean("norm_topk_prob", false) && c->n_experts_per_tok > 1;
+  const std::string scoring = r.has("scoring_func") ? r.string("scoring_func") : "softmax";
+  if (scoring != "softmax")
+    throw Error(path, "scoring_func", "'" + scoring + "' is not supported (softmax)");
+  const std::string method = r.has("topk_method") ? r.string("topk_method") : "greedy";
+  if (method == "group_limited_greedy") {
+    c->n_group = r.positive_int("n_group");
+    c->topk_group = r.positive_int("topk_group");
+    if (c->n_experts % c->n_group != 0)
+      throw Error(path, "n_group", std::to_string(c->n_group) + " does not divide n_routed_experts " +
+                                       std::to_string(c->n_experts));
+    if (c->topk_group > c->n_group)
+      throw Error(path, "topk_group", std::to_string(c->topk_group) + " is above n_group " + std::to_string(c->n_group));
+    if (c->n_experts_per_tok > c->topk_group * (c->n_experts / c->n_group))
+      throw Error(path, "num_experts_per_tok", std::to_string(c->n_experts_per_tok) + " is above the " +
+                                                   std::to_string(c->topk_group * (c->n_experts / c->n_group)) +
+                                                   " experts of topk_group groups");
+  } else if (method != "greedy") {
+    throw Error(path, "topk_method", "'" + method + "' is not supported (greedy, group_limited_greedy)");
+  }
+  int first_dense = 0;
+  if (r.has("first_k_dense_replace")) {
+    const json& v = r.raw("first_k_dense_replace");
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > (1 << 30))
+      throw Error(path, "first_k_dense_replace", "expected a layer count, found " + v.dump());
+    first_dense = int(v.get<int64_t>());
+  }
+  const int freq = r.positive_int("moe_layer_freq", 1);
+  c->layer_moe.assign(size_t(c->n_layers), 0);
+  for (int l = 0; l < c->n_layers; ++l) c->layer_moe[size_t(l)] = l >= first_dense && l % freq == 0;
+}
 }  // namespace
 
 ModelConfig parse_hf_config(const std::string& path) {
@@ -340,6 +438,10 @@ ModelConfig parse_hf_config(const std::string& path) {
   c.architecture = architecture_of(r, j, path);
   if (c.architecture == "chatglm") {
     parse_chatglm_config(r, path, &c);
+    return c;
+  }
+  if (c.architecture == "deepseek_v2") {
+    parse_deepseek_config(r, j, path, &c);
     return c;
   }
   const bool glm = c.architecture == "glm" || c.architecture == "glm4";

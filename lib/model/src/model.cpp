@@ -109,6 +109,46 @@ Pass make_pass(const at::Tensor& ids, const ModelConfig& c, int64_t pos0, const 
   return p;
 }
 
+// DeepSeek-V2 MLA, served (absorbed) form, from ws.h into ws.q [N][H][rope + R], ws.k [N][rope + R]
+// and ws.v [N][R], all pre-RoPE: k = [k_pe, c~], v = c~ with c~ = RMS(c; kv_a_layernorm), and
+// q_h = [q_pe_h, W_UK,h^T q_nope_h]. Then q_h . k = q_pe_h . k_pe + q_nope_h . (W_UK,h c~), the naive
+// per-head score, and the rotary dims come first.
+void mla_project(const ModelConfig& c, const LayerWeights& L, Workspace& ws) {
+  const int64_t N = ws.h.size(0), H = c.n_heads, R = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+  const int64_t nope = c.qk_nope_head_dim, qk = nope + rope, d = c.head_dim;
+  const int64_t qrows = c.q_lora_rank > 0 ? c.q_lora_rank : H * qk;
+  at::mm_out(ws.qkv, ws.h, L.wqkv.t());  // [q (or q_a) | c | k_pe]
+  if (c.q_lora_rank > 0) {
+    ws.mla_qa.copy_(ws.qkv.narrow(1, 0, qrows));
+    rms_norm(ws.mla_qa, L.q_a_norm, c.rms_norm_eps, ws.mla_qa);  // row-wise: read, then write
+    at::mm_out(ws.mla_q, ws.mla_qa, L.wq_b.t());
+  } else {
+    ws.mla_q.copy_(ws.qkv.narrow(1, 0, qrows));
+  }
+  ws.v.copy_(ws.qkv.narrow(1, qrows, R));
+  rms_norm(ws.v, L.kv_a_norm, c.rms_norm_eps, ws.v);
+  at::Tensor k = ws.k.view({N, d});
+  k.narrow(1, 0, rope).copy_(ws.qkv.narrow(1, qrows + R, rope));
+  k.narrow(1, rope, R).copy_(ws.v);
+  const at::Tensor q3 = ws.mla_q.view({N, H, qk});
+  at::Tensor qo = ws.q.view({N, H, d});
+  qo.narrow(2, 0, rope).copy_(q3.narrow(2, nope, rope));
+  ws.mla_nope.copy_(q3.narrow(2, 0, nope).permute({1, 0, 2}));
+  const at::Tensor w_uk = L.w_kv_b.view({H, nope + c.v_head_dim, R}).narrow(1, 0, nope);  // [H, nope, R]
+  at::bmm_out(ws.mla_lat, ws.mla_nope, w_uk);
+  qo.narrow(2, rope, R).copy_(ws.mla_lat.permute({1, 0, 2}));
+}
+
+// MLA's head outputs: out_h = W_UV,h (ws.attn_h), [N][H][v] in ws.mla_o (o_proj's input).
+const at::Tensor& mla_output(const ModelConfig& c, const LayerWeights& L, Workspace& ws) {
+  const int64_t N = ws.h.size(0), H = c.n_heads, R = c.kv_lora_rank, nope = c.qk_nope_head_dim, v = c.v_head_dim;
+  ws.mla_lat.copy_(ws.attn.view({N, H, R}).permute({1, 0, 2}));
+  const at::Tensor w_uv = L.w_kv_b.view({H, nope + v, R}).narrow(1, nope, v);  // [H, v, R]
+  at::bmm_out(ws.mla_out, ws.mla_lat, w_uv.transpose(1, 2));
+  ws.mla_o.view({N, H, v}).copy_(ws.mla_out.permute({1, 0, 2}));
+  return ws.mla_o;
+}
+
 // Decoder layer l on one batch: x += attention(norm(x)); x += mlp(norm(x)), with the observer and
 // the K/V hooks of opts.
 void layer_step(const ModelConfig& c, const LayerWeights& L, int l, Workspace& ws, Pass& p,
@@ -118,13 +158,17 @@ void layer_step(const ModelConfig& c, const LayerWeights& L, int l, Workspace& w
   const int64_t qd = H * d, kvd = Hk * d;
   at::Tensor& x = p.x;
   rms_norm(x, L.attn_norm, c.rms_norm_eps, ws.h);
-  if (L.bqkv.defined())
-    at::addmm_out(ws.qkv, L.bqkv, ws.h, L.wqkv.t());
-  else
-    at::mm_out(ws.qkv, ws.h, L.wqkv.t());
-  ws.q.copy_(ws.qkv.narrow(1, 0, qd));
-  ws.k.copy_(ws.qkv.narrow(1, qd, kvd));
-  ws.v.copy_(ws.qkv.narrow(1, qd + kvd, kvd));
+  if (c.is_mla()) {
+    mla_project(c, L, ws);
+  } else {
+    if (L.bqkv.defined())
+      at::addmm_out(ws.qkv, L.bqkv, ws.h, L.wqkv.t());
+    else
+      at::mm_out(ws.qkv, ws.h, L.wqkv.t());
+    ws.q.copy_(ws.qkv.narrow(1, 0, qd));
+    ws.k.copy_(ws.qkv.narrow(1, qd, kvd));
+    ws.v.copy_(ws.qkv.narrow(1, qd + kvd, kvd));
+  }
   if (L.q_norm.defined()) {  // Qwen3: per-head RMSNorm before RoPE (in place: row-wise, read then write)
     at::Tensor qr = ws.q.view({N * H, d}), kr = ws.k.view({N * Hk, d});
     rms_norm(qr, L.q_norm, c.rms_norm_eps, qr);
@@ -138,6 +182,7 @@ void layer_step(const ModelConfig& c, const LayerWeights& L, int l, Workspace& w
     cap.n_heads = int(H);
     cap.n_kv_heads = int(Hk);
     cap.head_dim = int(d);
+    cap.head_dim_v = c.head_dim_v;
     cap.q = ws.q.data_ptr<float>();
     cap.k = ws.k.data_ptr<float>();
     cap.v = ws.v.data_ptr<float>();
@@ -152,6 +197,7 @@ void layer_step(const ModelConfig& c, const LayerWeights& L, int l, Workspace& w
     kv.seq = int(T);
     kv.n_kv_heads = int(Hk);
     kv.head_dim = int(d);
+    kv.head_dim_v = c.head_dim_v;
     kv.k = k.data_ptr<float>();
     kv.v = v.data_ptr<float>();
     kv.positions = p.positions.data();
@@ -174,14 +220,15 @@ void layer_step(const ModelConfig& c, const LayerWeights& L, int l, Workspace& w
     attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent);
   else
     attention(ws, B, T, c, c.window_of(l));
+  const at::Tensor& o_in = c.is_mla() ? mla_output(c, L, ws) : ws.attn;
   if (L.post_attn_norm.defined()) {  // GLM-4-0414: x += norm(o_proj(attn)); ws.h is free here
-    at::mm_out(ws.h, ws.attn, L.wo.t());
+    at::mm_out(ws.h, o_in, L.wo.t());
     if (L.bo.defined()) ws.h.add_(L.bo);
     rms_norm(ws.h, L.post_attn_norm, c.rms_norm_eps, ws.h);  // row-wise: read, then write
     x.add_(ws.h);
   } else {
     if (L.bo.defined()) x.add_(L.bo);
-    x.addmm_(ws.attn, L.wo.t());
+    x.addmm_(o_in, L.wo.t());
   }
 
   rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
@@ -286,17 +333,26 @@ int64_t Model::layer_fp32_bytes(int l) const { return ::kvq::layer_fp32_bytes(co
 int64_t Model::layer_stored_bytes(int l) const { return w_->source ? w_->source->stored_bytes(l) : 0; }
 
 int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
-  const int64_t N = B * T, H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim;
-  int64_t f = N * (int64_t(c.hidden_size) + (H + 2 * Hk) * d + H * d + 2 * Hk * d + H * d);
+  const int64_t N = B * T, H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim, dv = c.v_dim();
+  // h, qkv, q, k, v, attn (Workspace's per-token buffers)
+  int64_t f = N * (int64_t(c.hidden_size) + H * d + Hk * d + Hk * dv + H * dv);
+  if (c.is_mla()) {
+    const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim, R = c.kv_lora_rank;
+    f += N * ((c.q_lora_rank > 0 ? 2 * int64_t(c.q_lora_rank) : H * qk) + R + c.qk_rope_head_dim);
+    f += N * (H * qk + H * c.qk_nope_head_dim + H * R + 2 * H * c.v_head_dim);
+  } else {
+    f += N * (H + 2 * Hk) * d;
+  }
   bool any_dense = false, any_moe = false;
   for (int l = 0; l < c.n_layers; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
   if (any_dense) f += N * 3 * int64_t(c.intermediate_size);
   if (any_moe) f += N * (2 * int64_t(c.hidden_size) + 3 * int64_t(c.moe_intermediate_size));
+  if (any_moe && c.n_shared_experts > 0) f += N * 3 * int64_t(c.n_shared_experts) * c.moe_intermediate_size;
   // Attention blocks (Workspace's chunk of windows and query blocks of tb positions).
   const int64_t tb = std::min<int64_t>(T, std::max<int64_t>(64, (T + 7) / 8));
   const int64_t per_window = H * tb * T * int64_t(sizeof(float));
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(B, (int64_t(4) << 20) / per_window));
-  f += chunk * Hk * (T * G * d + 2 * T * d + 2 * tb * G * T + tb * G * d) + tb * G * tb;
+  f += chunk * Hk * (T * G * d + T * d + T * dv + 2 * tb * G * T + tb * G * dv) + tb * G * tb;
   // The residual stream and one layer's transient products (the MLP's pre-activation copy, the
   // embedding gathered before it is copied).
   f += 2 * N * int64_t(c.hidden_size);
@@ -306,13 +362,22 @@ int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
 int64_t layer_fp32_bytes(const ModelConfig& c, int l) {
   const int64_t D = c.hidden_size, I = c.intermediate_size, d = c.head_dim;
   const int64_t qd = int64_t(c.n_heads) * d, kvd = int64_t(c.n_kv_heads) * d;
-  int64_t n = 2 * D + (qd + 2 * kvd) * D + D * qd;
+  int64_t n = 2 * D;
+  if (c.is_mla()) {
+    const int64_t H = c.n_heads, R = c.kv_lora_rank, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    const int64_t qr = c.q_lora_rank;
+    n += (qr > 0 ? qr * D + qr + H * qk * qr : H * qk * D) + (R + c.qk_rope_head_dim) * D + R +
+         H * (c.qk_nope_head_dim + c.v_head_dim) * R + D * H * c.v_head_dim;
+  } else {
+    n += (qd + 2 * kvd) * D + D * qd;
+  }
   if (c.qkv_bias) n += qd + 2 * kvd;
   if (c.o_bias) n += D;
   if (c.qk_norm) n += 2 * d;
   if (c.sandwich_norm) n += 2 * D;
   if (c.is_moe_layer(l))
-    n += int64_t(c.n_experts) * D + int64_t(c.n_experts) * 3 * int64_t(c.moe_intermediate_size) * D;
+    n += int64_t(c.n_experts) * D +
+         (int64_t(c.n_experts) + c.n_shared_experts) * 3 * int64_t(c.moe_intermediate_size) * D;
   else
     n += 3 * I * D;
   return n * int64_t(sizeof(float));

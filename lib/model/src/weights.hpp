@@ -25,6 +25,12 @@ struct LayerWeights {
   // MoE layers (w_gate_up / w_down undefined): router [E, D]; expert e's [2 I_e, D] and [D, I_e].
   at::Tensor router;
   std::vector<at::Tensor> expert_gate_up, expert_down;
+  // DeepSeek-V2 MLA: wqkv is [q rows; kv_a_proj_with_mqa] (q rows: q_proj's H (nope + rope), or
+  // q_a_proj's q_lora_rank followed by q_a_norm [q_lora_rank] and wq_b [H (nope + rope), q_lora_rank]);
+  // kv_a_norm [kv_lora_rank]; w_kv_b [H (nope + v), kv_lora_rank] as stored (W_UK,h then W_UV,h per head).
+  at::Tensor q_a_norm, wq_b, kv_a_norm, w_kv_b;
+  // DeepSeekMoE's shared experts as one SwiGLU: [2 Is, D] and [D, Is] (Is = n_shared * moe_intermediate).
+  at::Tensor shared_gate_up, shared_down;
 };
 
 // A streamed model's checkpoint: weights stay in the mapped files in their stored dtype and are

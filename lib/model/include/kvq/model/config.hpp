@@ -78,6 +78,24 @@ struct ModelConfig {
   bool norm_topk_prob = false;    // renormalise the kept top-k probabilities (Mixtral: always)
   std::vector<uint8_t> layer_moe;  // [n_layers] or empty: 1 = MoE MLP, 0 = dense (intermediate_size)
 
+  // --- DeepSeek-V2 (deepseek_v2): multi-head latent attention and DeepSeekMoE ---
+  // MLA (kv_lora_rank > 0) is computed in its served (absorbed) form: one KV head whose key row is
+  // [k_pe (qk_rope_head_dim, pre-RoPE), RMS(c) (kv_lora_rank)] and whose value row is RMS(c); query
+  // head h is [q_pe_h, W_UK,h^T q_nope_h]. So head_dim = qk_rope + kv_lora_rank, head_dim_v =
+  // kv_lora_rank, rotary_dim = qk_rope (the rotary dims come first), n_kv_heads = 1, and the
+  // attention output per head (kv_lora_rank) goes through W_UV,h (v_head_dim) before o_proj.
+  int q_lora_rank = 0;  // 0: q_proj; else q_a_proj -> q_a_layernorm -> q_b_proj
+  int kv_lora_rank = 0;
+  int qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  // DeepSeekMoE: a shared SwiGLU of width n_shared_experts * moe_intermediate_size beside the routed
+  // experts; routed weights x routed_scaling_factor when not renormalised; group_limited_greedy
+  // keeps the topk_group best of n_group contiguous expert groups (by their best probability).
+  int n_shared_experts = 0;
+  double routed_scaling_factor = 1.0;
+  int n_group = 0, topk_group = 0;  // 0: plain greedy top-k
+
+  bool is_mla() const { return kv_lora_rank > 0; }
+
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
   bool is_moe_layer(int layer) const { return !layer_moe.empty() && layer_moe[size_t(layer)] != 0; }
 
