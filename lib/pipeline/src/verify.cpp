@@ -70,15 +70,17 @@ struct Coded {
   std::vector<float> k_post, v;  // decoded, [T][d]
 };
 
-// Codes and decodes one head's K and V of one window; K comes back post-RoPE.
+// Codes and decodes one head's K ([T][d], token stride `stride`) and V ([T][dv], token stride
+// `v_stride`) of one window; K comes back post-RoPE.
 Coded code_window(const codec::HeadCodec& kc, const codec::HeadCodec& vc, const float* k_pre_src,
-                  const float* v_src, size_t stride, int T, int d, const codec::RopeSpec& rope,
-                  const int64_t* pos, std::vector<float>& k_post_true, std::vector<float>& v_true) {
+                  const float* v_src, size_t stride, size_t v_stride, int T, int d, int dv,
+                  const codec::RopeSpec& rope, const int64_t* pos, std::vector<float>& k_post_true,
+                  std::vector<float>& v_true) {
   std::vector<float> k_pre(size_t(T) * size_t(d));
-  v_true.resize(size_t(T) * size_t(d));
+  v_true.resize(size_t(T) * size_t(dv));
   for (int t = 0; t < T; ++t) {
     std::copy_n(k_pre_src + size_t(t) * stride, d, k_pre.data() + size_t(t) * size_t(d));
-    std::copy_n(v_src + size_t(t) * stride, d, v_true.data() + size_t(t) * size_t(d));
+    std::copy_n(v_src + size_t(t) * v_stride, dv, v_true.data() + size_t(t) * size_t(dv));
   }
   k_post_true = k_pre;
   for (int t = 0; t < T; ++t) codec::reference_apply_rope(k_post_true.data() + size_t(t) * size_t(d), d, pos[t], rope);
@@ -100,10 +102,12 @@ Coded code_window(const codec::HeadCodec& kc, const codec::HeadCodec& vc, const 
 CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads, const std::string& name,
                      pipeline_detail::GpuVerifier* gpu) {
   const auto sh = c.shape();
-  const int L = sh.n_layers, H = sh.n_kv_heads, NH = sh.n_heads, d = sh.head_dim, gs = sh.group_size();
+  const int L = sh.n_layers, H = sh.n_kv_heads, NH = sh.n_heads, d = sh.head_dim, dv = sh.v_dim(),
+            gs = sh.group_size();
   const int M = c.holdout.windows, T = c.prov.seq_len;
   const auto rope = calib_rope(c.prov);
-  const float inv_sqrt_d = 1.0f / std::sqrt(float(d));
+  // The logits' scale: the recorded one (MLA: 192^-1/2 mscale^2), else 1/sqrt(d) as before (in float).
+  const double scale = c.prov.softmax_scale > 0 ? c.prov.softmax_scale : double(1.0f / std::sqrt(float(d)));
   CodedReport rep;
   rep.name = name;
   const bool on_gpu = gpu && gpu->on();
@@ -122,16 +126,17 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
       for (const auto& x : heads)
         if (x.layer == l && x.kv_head == h) (x.side == Side::kK ? kd : vd) = &x;
       KVQ_ASSERT(kd && vd);
-      codec::HeadCodec kc(*kd, d), vc(*vd, d);
+      codec::HeadCodec kc(*kd, d), vc(*vd, dv);
       if (on_gpu) {
         gpu_kc.push_back(kc);
         gpu_vc.push_back(vc);
       }
       for (int m = 0; m < M; ++m) {
         const size_t base_kv = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(H) * size_t(d) + size_t(h) * d;
+        const size_t base_v = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(H) * size_t(dv) + size_t(h) * dv;
         std::vector<float> k_true, v_true;
-        Coded cd = code_window(kc, vc, c.holdout.k.data() + base_kv, c.holdout.v.data() + base_kv, size_t(H) * d, T,
-                               d, rope, c.holdout.positions.data(), k_true, v_true);
+        Coded cd = code_window(kc, vc, c.holdout.k.data() + base_kv, c.holdout.v.data() + base_v, size_t(H) * d,
+                               size_t(H) * dv, T, d, dv, rope, c.holdout.positions.data(), k_true, v_true);
         if (on_gpu) {
           // The rows each side is coded from: K post-RoPE when the decision says so, else pre-RoPE.
           std::vector<float> k_in(k_true);
@@ -144,11 +149,13 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
         for (size_t i = 0; i < k_true.size(); ++i) {
           acc.ek += double(k_true[i] - cd.k_post[i]) * double(k_true[i] - cd.k_post[i]);
           acc.nk += double(k_true[i]) * k_true[i];
+        }
+        for (size_t i = 0; i < v_true.size(); ++i) {
           acc.ev += double(v_true[i] - cd.v[i]) * double(v_true[i] - cd.v[i]);
           acc.nv += double(v_true[i]) * v_true[i];
         }
         Eigen::Map<const RowMat> K(k_true.data(), T, d), Kh(cd.k_post.data(), T, d);
-        Eigen::Map<const RowMat> V(v_true.data(), T, d), Vh(cd.v.data(), T, d);
+        Eigen::Map<const RowMat> V(v_true.data(), T, dv), Vh(cd.v.data(), T, dv);
         for (int g = h * gs; g < (h + 1) * gs; ++g) {
           RowMat Q(T, d);
           const size_t base_q = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(NH) * d + size_t(g) * d;
@@ -156,8 +163,8 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
             std::copy_n(c.holdout.q.data() + base_q + size_t(t) * NH * d, d, Q.data() + size_t(t) * d);
             codec::reference_apply_rope(Q.data() + size_t(t) * d, d, c.holdout.positions[size_t(t)], rope);
           }
-          Eigen::MatrixXd S = (Q * K.transpose()).cast<double>() * inv_sqrt_d;
-          Eigen::MatrixXd Sh = (Q * Kh.transpose()).cast<double>() * inv_sqrt_d;
+          Eigen::MatrixXd S = (Q * K.transpose()).cast<double>() * scale;
+          Eigen::MatrixXd Sh = (Q * Kh.transpose()).cast<double>() * scale;
           Eigen::MatrixXd P = Eigen::MatrixXd::Zero(T, T), Ph = Eigen::MatrixXd::Zero(T, T);
           for (int i = 0; i < T; ++i) {
             // The keys the model attends: causal 0..i, or the last W of them on a sliding-window layer.
@@ -181,7 +188,9 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
         }
       }
     }
-    if (on_gpu)  // the fused decode attention: each window's last query over its GPU-coded cache
+    // The fused decode attention: each window's last query over its GPU-coded cache. Its problem
+    // has one head dim for K and V: with MLA's 576/512 only the encoder and decoder are checked.
+    if (on_gpu && dv == d)
       for (int m = 0; m < M; ++m) {
         std::vector<float> q(size_t(NH) * d);
         const size_t base_q = ((size_t(l) * M + size_t(m)) * size_t(T) + size_t(T - 1)) * size_t(NH) * d;
@@ -201,6 +210,7 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
         }
         p.positions = pos32.data();
         p.rope = rope;
+        p.softmax_scale = float(c.prov.softmax_scale);  // 0: 1/sqrt(d)
         p.window = W;
         gpu->attention(p);
       }
@@ -290,18 +300,18 @@ VerifyReport run_verify(const VerifyOptions& o) {
   check_alloc_matches(a, o.alloc, c, o.calib);
   if (c.holdout.windows < 1)
     throw Error(o.calib, h5path::kHoldoutWindows, "0: no held-out windows to verify on (calib-capture --holdout N)");
-  const int d = c.prov.head_dim;
+  const int d = c.prov.head_dim, dv = c.prov.v_dim();
   VerifyReport r;
   r.n_layers = c.prov.n_layers;
   double kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
   double vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
-  const alloc::Shape shape{c.prov.n_layers, c.prov.n_kv_heads, c.prov.head_dim};
-  const double alloc_k_eff = side_bpd(a.heads, Side::kK, d), alloc_v_eff = side_bpd(a.heads, Side::kV, d);
+  const alloc::Shape shape{c.prov.n_layers, c.prov.n_kv_heads, c.prov.head_dim, dv};
+  const double alloc_k_eff = side_bpd(a.heads, Side::kK, d), alloc_v_eff = side_bpd(a.heads, Side::kV, dv);
   r.match = o.match;
   if (o.match == "effective") {  // before any coding: an unreachable budget fails at once
     const bool nc = alloc::tq_norm_correction(a.heads);
     kb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, d, Side::kK, alloc_k_eff, nc);
-    vb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, d, Side::kV, alloc_v_eff, nc);
+    vb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, dv, Side::kV, alloc_v_eff, nc);
   }
   pipeline_detail::GpuVerifier gpu(o.cuda);
   r.alloc = evaluate(c, a.heads, a.method + (a.v_method != a.method ? "/" + a.v_method : ""), &gpu);
@@ -330,7 +340,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
   r.baseline.k_bpd_nominal = kb;
   r.baseline.v_bpd_nominal = vb;
   r.baseline.k_bpd_effective = side_bpd(base, Side::kK, d);
-  r.baseline.v_bpd_effective = side_bpd(base, Side::kV, d);
+  r.baseline.v_bpd_effective = side_bpd(base, Side::kV, dv);
   for (int l = 0; l < r.n_layers; ++l)
     r.layer_wins += r.alloc.layers[size_t(l)].logit_mae < r.baseline.layers[size_t(l)].logit_mae;
 
