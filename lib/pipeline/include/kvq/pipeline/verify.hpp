@@ -31,12 +31,14 @@ struct VerifyOptions {
 struct Metrics {
   // Every figure but NMSE counts only the (query, key) pairs the model attends: causal, and within
   // the layer's sliding window (provenance layer_window) when it has one.
-  double logit_mae = 0;   // |q.k - q.k^| / sqrt(d), attended pairs, post-RoPE, true positions
+  // |q.k - q.k^| * scale (the recorded softmax_scale, MLA's; else 1/sqrt(d)), attended pairs,
+  // post-RoPE, true positions
+  double logit_mae = 0;
   double kl = 0;          // softmax KL(p || p~) per query, mean
   double top10 = 0;       // |top10(p) ∩ top10(p~)| / min(10, keys), mean over queries
   double nmse_k = 0;      // sum |k - k^|^2 / sum |k|^2
   double nmse_v = 0;
-  double out_rel_err = 0; // |P V - P~ V^|^2 / |P V|^2, attention output with both K^ and V^
+  double out_rel_err = 0; // |P V - P~ V^|^2 / |P V|^2, attention output with both K^ and V^ (V at its own dim)
 };
 
 struct CodedReport {
