@@ -273,6 +273,7 @@ nlohmann::json GpuCheck::to_json() const {
 }
 
 std::string GpuCheck::summary() const {
+  if (!ran && !skipped.empty()) return skipped;
   if (!ran) return "not available (no GPU): CPU reference encoder and decoder only";
   char buf[640];
   std::snprintf(buf, sizeof buf,
@@ -314,6 +315,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
     vb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, dv, Side::kV, alloc_v_eff, nc);
   }
   pipeline_detail::GpuVerifier gpu(o.cuda);
+  gpu.limit_dims(d, dv);
   r.alloc = evaluate(c, a.heads, a.method + (a.v_method != a.method ? "/" + a.v_method : ""), &gpu);
   r.gpu = gpu.finish();
   r.cuda = r.gpu.summary();

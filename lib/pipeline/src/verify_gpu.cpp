@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #if KVQ_HAVE_CUDA
 #include "kvq/cuda/cuda.hpp"
@@ -17,6 +18,19 @@ GpuVerifier::GpuVerifier(bool wanted) {
   (void)wanted;
 #endif
   g_.ran = on_;
+}
+
+void GpuVerifier::limit_dims(int d, int dv) {
+#if KVQ_HAVE_CUDA
+  if (!on_ || std::max(d, dv) <= cuda::kMaxHeadDim) return;
+  on_ = false;
+  g_.ran = false;
+  g_.skipped = "not run on " + g_.device + ": head dims K " + std::to_string(d) + ", V " + std::to_string(dv) +
+               " are above the GPU kernels' " + std::to_string(cuda::kMaxHeadDim) + "; CPU reference only";
+#else
+  (void)d;
+  (void)dv;
+#endif
 }
 
 void GpuVerifier::check_side(const codec::HeadCodec& c, const float* rows, int T, std::vector<uint8_t>& gpu_packed) {

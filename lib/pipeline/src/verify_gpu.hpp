@@ -18,6 +18,10 @@ class GpuVerifier {
   // Runs when `wanted` and a CUDA device is usable.
   explicit GpuVerifier(bool wanted);
   bool on() const { return on_; }
+  // Turns the GPU path off, with a note in the report, when a head dim (K's d, V's dv) is above
+  // what the GPU kernels take (cuda::kMaxHeadDim; MLA's served cache is 576 / 512): the CPU
+  // reference alone measures, rather than the GPU refusing the run.
+  void limit_dims(int d, int dv);
 
   // One (layer, KV head, window, side): rows [T][d] as the side is coded (K post-RoPE when the
   // decision says so, else pre-RoPE; V as is). CPU encode vs GPU encode (bytes and codes exactly),

@@ -59,6 +59,7 @@ struct GpuCheck {
   static constexpr double kDecodeTolerance = 2e-5;
   static constexpr double kAttentionTolerance = 2e-4;
   bool ran = false;
+  std::string skipped;                       // why a present GPU was not used (head dims over its limit); "" otherwise
   std::string device;                        // the GPU's name
   int64_t k_head_windows = 0, v_head_windows = 0;  // (layer, KV head, window) checked per side
   int64_t tokens = 0;                        // token rows encoded on the GPU, both sides
