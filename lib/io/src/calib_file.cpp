@@ -355,7 +355,7 @@ CalibFile read_calib(const std::string& path, bool samples) {
     throw Error(path, c.prov.v_dim() != c.prov.head_dim ? "provenance.head_dim_v" : "provenance.softmax_scale",
                 "needs calibration version >= " + std::to_string(kCalibKvDimsVersion) + ", the file is version " +
                     std::to_string(c.format_version));
-  if (sh.v_dim() != c.prov.v_dim())
+  if (sh.head_dim == c.prov.head_dim && sh.v_dim() != c.prov.v_dim())  // a wrong head_dim is the shape's error below
     throw Error(path, h5path::attr(h5path::kStats, "head_dim_v"),
                 std::to_string(sh.v_dim()) + " disagrees with provenance.head_dim_v " + std::to_string(c.prov.v_dim()));
   if (sh.n_heads % sh.n_kv_heads != 0)
