@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
   c->add_option("--cobra-b-max", o.cobra_b_max, "largest bits per kept coordinate")->default_val(o.cobra_b_max);
   c->add_option("--measure-tokens", o.measure_tokens, "reservoir rows cobra-measured codes per candidate, and that --norm-correction auto codes per head")
       ->default_val(o.measure_tokens)->check(CLI::Range(1, 1 << 24));
-  c->add_flag("--joint-kv", o.joint_kv, "split one budget (--bpd per dim of K and V) between K and V exactly");
+  c->add_flag("--joint-kv", o.joint_kv, "split one budget (--bpd per dim of K and V) between K and V exactly (K and V of one dim)");
   auto* lp = app.add_option_group("layer-precision");
   lp->add_option("--formats", o.formats,
                  "(K, V) formats a layer may take, comma-separated: fp8 (both E4M3, 8 bits/dim), nvfp4 (both E2M1 + "

@@ -10,9 +10,12 @@ int main(int argc, char** argv) {
       "kvq-verify: code the calibration file's held-out windows with an allocation and with a baseline at the\n"
       "same nominal budget (--match effective: at least the allocation's effective bits), decode with the CPU\n"
       "reference decoder, and report per layer:\n"
-      "RoPE-logit MAE over causal pairs, softmax KL, top-10 overlap, K/V NMSE, bpd.\n"
+      "RoPE-logit MAE over causal pairs, softmax KL, top-10 overlap, K/V NMSE, bpd. Logits use the softmax\n"
+      "scale the calibration file records (MLA: 192^-1/2 mscale^2), else 1/sqrt(head_dim); V is coded at its\n"
+      "own dim when the file records one (MLA's served cache: K 576, V 512).\n"
       "With a GPU, every (layer, KV head, side) also goes through the GPU encoder and decoder and each\n"
-      "(layer, window) through the fused decode attention, against the CPU (a disagreement fails a gate).\n"
+      "(layer, window) through the fused decode attention, against the CPU (a disagreement fails a gate;\n"
+      "the fused attention is skipped when K and V dims differ).\n"
       "Exit codes: 0 all gates pass, 1 a gate failed (named on stderr), 2 bad input."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);

@@ -66,6 +66,23 @@ CalibFile small_file() {
   return c;
 }
 
+// small_file with a value dim of 2 beside the key's 4 and a recorded scale (version 5, as MLA's).
+CalibFile kv_dims_file() {
+  CalibFile c = small_file();
+  c.prov.head_dim_v = 2;
+  c.prov.softmax_scale = 0.25;
+  const SideMoments k = c.moments.k, q = c.moments.q;
+  c.moments = Moments(MomentShape{2, 2, 4, 4, 2});
+  c.moments.k = k;
+  c.moments.q = q;
+  for (size_t i = 0; i < c.moments.v.count.size(); ++i) c.moments.v.count[i] = int64_t(3 + i);
+  for (size_t i = 0; i < c.moments.v.sum.size(); ++i) c.moments.v.sum[i] = 0.5 * double(i);
+  for (size_t i = 0; i < c.moments.v.gram.size(); ++i) c.moments.v.gram[i] = 1.0 + double(i);
+  c.reservoir.v.assign(2 * 2 * 2 * 2, -0.25f);
+  c.holdout.v.assign(2 * 1 * 3 * 2 * 2, 3.f);
+  return c;
+}
+
 void set_attr(const std::string& path, const std::string& obj, const std::string& name, int64_t v) {
   h5::quiet();
   H5::H5File f(path, H5F_ACC_RDWR);
@@ -171,6 +188,16 @@ TEST(CalibFileBad, Table) {
          g.removeAttr("provenance");
          h5::write_attr(g, "provenance", prov);
        }},
+      {"kv_dims_in_version_4", "/stats@head_dim_v: needs calibration version >= 5, the file is version 4",
+       [](const std::string& p) {
+         write_calib(p, kv_dims_file());
+         set_attr(p, "/", "version", 4);
+       }},
+      {"kv_dims_disagree", "/stats@head_dim_v: 3 disagrees with provenance.head_dim_v 2",
+       [](const std::string& p) {
+         write_calib(p, kv_dims_file());
+         set_attr(p, h5path::kStats, "head_dim_v", 3);
+       }},
       {"bad_format", "expected 'kvq-calibration'",
        [&](const std::string& p) {
          std::filesystem::copy_file(good, p);
@@ -196,4 +223,27 @@ TEST(CalibFileBad, Table) {
     EXPECT_NE(err.find(c.expect), std::string::npos) << c.name << ": " << err;
     EXPECT_EQ(err.find('\n'), std::string::npos) << c.name;
   }
+}
+
+// A value dim and a softmax scale (MLA): version 5, read back with V at its own dim; the same
+// content without them keeps version 3 and its bytes' digest.
+TEST(CalibFile, KvDimsRoundTrip) {
+  const CalibFile c = kv_dims_file();
+  const auto p = test::temp_path("kv_dims.kvqcal.h5");
+  write_calib(p, c);
+  const CalibFile r = read_calib(p, true);
+  EXPECT_EQ(r.format_version, 5);
+  EXPECT_EQ(r.prov.head_dim_v, 2);
+  EXPECT_EQ(r.prov.softmax_scale, 0.25);
+  EXPECT_EQ(r.shape().v_dim(), 2);
+  EXPECT_EQ(r.moments.v.sum, c.moments.v.sum);
+  EXPECT_EQ(r.moments.v.gram, c.moments.v.gram);
+  EXPECT_EQ(r.moments.k.gram, c.moments.k.gram);
+  EXPECT_EQ(std::vector<float>(r.reservoir.v.begin(), r.reservoir.v.end()),
+            std::vector<float>(c.reservoir.v.begin(), c.reservoir.v.end()));
+  EXPECT_EQ(r.holdout.v.size(), c.holdout.v.size());
+  EXPECT_EQ(calib_content_digest(r), calib_content_digest(c));
+  const auto p3 = test::temp_path("kv_dims_plain.kvqcal.h5");
+  write_calib(p3, small_file());
+  EXPECT_EQ(read_calib(p3, false).format_version, 3);
 }

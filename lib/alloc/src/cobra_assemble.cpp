@@ -223,6 +223,9 @@ Allocation allocate_cobra_joint(const Shape& shape, const std::vector<CobraHeadI
   // KL weights come from queries against keys; V keeps its MSE order.
   prepare(shape, v_heads, false, "V", &spectra, &perms);
   const int n = shape.n_heads();
+  // The exact solver takes spectra of one length: K and V of different dims are refused.
+  if (shape.v_dim() != shape.head_dim)
+    fail("head_dim_v", "joint K/V needs K and V of one dim, got " + num(shape.head_dim) + " and " + num(shape.v_dim()));
   const int64_t total = cobra_total_budget(2 * n, shape.head_dim, bpd);
   C2Result r = cobra_c2_exact(spectra, total, opt.model, opt.floor, opt.head_max);
   Allocation out;

@@ -25,18 +25,19 @@ uint64_t derive_seed(uint64_t base, int layer, int kv_head, Side side, uint64_t 
   return splitmix64_mix(h ^ tag);
 }
 
-void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocSummary* s) {
+void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocSummary* s, int head_dim_v) {
   int64_t code = 0;
-  double bpd_sum = 0.0;
+  double bpd_sum = 0.0, dims = 0.0;
   for (const auto& h : heads) {
-    code += code_bits(h, head_dim);  // the kind's per-dimension widths (kvq/format/coding_kinds.hpp)
+    const int d = h.side == Side::kV && head_dim_v > 0 ? head_dim_v : head_dim;
+    dims += d;
+    code += code_bits(h, d);  // the kind's per-dimension widths (kvq/format/coding_kinds.hpp)
     try {  // the basis and mean fix what the codes mean, not how many bytes they take
-      bpd_sum += layout::effective_bpd(layout::layout_ignoring_payload(h, head_dim));
+      bpd_sum += layout::effective_bpd(layout::layout_ignoring_payload(h, d));
     } catch (const Error&) {
       bpd_sum = std::numeric_limits<double>::quiet_NaN();
     }
   }
-  double dims = static_cast<double>(heads.size()) * head_dim;
   s->code_bits_used = code;
   s->code_bits_per_dim = dims > 0 ? static_cast<double>(code) / dims : 0.0;
   s->effective_bpd = heads.empty() ? 0.0 : bpd_sum / static_cast<double>(heads.size());

@@ -99,7 +99,7 @@ std::string to_string(const KvFormatPair& p) {
 Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
   const Shape& sh = in.shape;
   validate_shape(sh);
-  const int L = sh.n_layers, H = sh.n_kv_heads, d = sh.head_dim;
+  const int L = sh.n_layers, H = sh.n_kv_heads, d = sh.head_dim, dv = sh.v_dim();
   const size_t F = in.formats.size();
   if (F == 0) fail("formats", "no format allowed (fp8, nvfp4)");
   for (size_t f = 0; f < F; ++f) {
@@ -132,14 +132,16 @@ Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
     fail("amax", "expected " + num(static_cast<long long>(n_heads)) + " values per side");
   if (!std::isfinite(bpd) || bpd <= 0) fail("bits_per_dim", "must be finite and > 0, got " + num(bpd));
 
-  // Bits per token of one head in each format, from the packed layout (the same for K and V).
-  std::vector<int64_t> head_bits(F);
+  // Bits per token of one head in each format, from the packed layout, per side (K and V differ
+  // in dim for MLA's served cache).
+  std::vector<int64_t> head_bits(F), head_bits_v(F);
   for (size_t f = 0; f < F; ++f) {
     HeadDecision probe;
     probe.kind = CodingKind::kMinifloat;
     probe.minifloat = in.formats[f];
     probe.scale = 1.f;
     head_bits[f] = int64_t(layout::layout_for(probe, d).block_bytes) * 8;
+    head_bits_v[f] = int64_t(layout::layout_for(probe, dv).block_bytes) * 8;
   }
   for (size_t i = 0; i < n_heads * F; ++i)
     if (!(std::isfinite(in.k_mse[i]) && in.k_mse[i] >= 0 && std::isfinite(in.v_mse[i]) && in.v_mse[i] >= 0))
@@ -149,20 +151,20 @@ Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
   for (int l = 0; l < L; ++l)
     for (size_t c = 0; c < C; ++c) {
       const auto [fk, fv] = ci[c];
-      cost[size_t(l)][c] = (head_bits[fk] + head_bits[fv]) * H;
+      cost[size_t(l)][c] = (head_bits[fk] + head_bits_v[fv]) * H;
       for (int h = 0; h < H; ++h) {
         const size_t i = size_t(l * H + h) * F;
         dist[size_t(l)][c] += in.k_mse[i + fk] + in.v_mse[i + fv];
       }
     }
-  const double dims = double(L) * 2.0 * H * d;
+  const double dims = double(L) * H * (d + dv);
   const int64_t budget = static_cast<int64_t>(std::floor(bpd * dims));
   size_t cheapest = 0;
   for (size_t c = 1; c < C; ++c)
     if (cost[0][c] < cost[0][cheapest]) cheapest = c;
   if (cost[0][cheapest] * L > budget)
     fail("bits_per_dim", num(bpd) + " is below the cheapest layer-precision choice: all " + to_string(combos[cheapest]) +
-                             " = " + num(double(cost[0][cheapest]) / (2.0 * H * d)) +
+                             " = " + num(double(cost[0][cheapest]) / (double(H) * (d + dv))) +
                              " effective bits per dim (allowed formats: " + [&] {
                                std::string s;
                                for (size_t c = 0; c < C; ++c) s += (c ? "," : "") + to_string(combos[c]);
@@ -187,7 +189,7 @@ Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
         dec.minifloat = in.formats[f];
         const std::string field = std::string(side == Side::kK ? "k_amax" : "v_amax") + "[" + num(l) + "][" + num(h) + "]";
         dec.scale = minifloat_scale(dec.minifloat, side == Side::kK ? in.k_amax[i] : in.v_amax[i], in.margin, field);
-        dec.budget_bits = static_cast<int>(head_bits[f]);
+        dec.budget_bits = static_cast<int>(side == Side::kK ? head_bits[f] : head_bits_v[f]);
         dec.predicted_distortion = (side == Side::kK ? in.k_mse : in.v_mse)[i * F + f];
         out.heads.push_back(std::move(dec));
       }
@@ -198,7 +200,7 @@ Allocation allocate_layer_precision(const LayerPrecisionInput& in, double bpd) {
   s.budget_assigned = choice.cost;
   s.has_prediction = true;
   s.predicted_distortion = choice.distortion;
-  summarize_bits(out.heads, d, &s);
+  summarize_bits(out.heads, d, &s, dv);
   std::string formats, chosen;
   for (size_t c = 0; c < C; ++c) formats += (c ? "," : "") + to_string(combos[c]);
   for (int l = 0; l < L; ++l) chosen += (l ? "," : "") + to_string(combos[size_t(choice.option[size_t(l)])]);

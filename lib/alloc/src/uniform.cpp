@@ -71,7 +71,7 @@ std::vector<HeadDecision> baseline_heads(const std::string& kind, const Shape& s
                   "the " + kind + " baseline needs whole bits in 1..8, the allocation has " + num(bpd) +
                       (remedy.empty() ? "" : " (" + remedy + ")"));
     if (method == Method::kUniform) {
-      Allocation a = allocate_uniform(shape, side, bpd);
+      Allocation a = allocate_uniform(shape.for_side(side), side, bpd);
       for (HeadDecision& h : a.heads) h.norm_correction = norm_correction;
       out.insert(out.end(), a.heads.begin(), a.heads.end());
       continue;
@@ -104,7 +104,7 @@ int match_effective_bits(const std::string& kind, const Shape& shape, Side side,
   int found = 0;
   double found_bpd = 0;
   for (int b = 1; b <= 8; ++b) {
-    widest = mean_effective_bpd(baseline_heads(kind, shape, b, b, norm_correction, ""), side, shape.head_dim);
+    widest = mean_effective_bpd(baseline_heads(kind, shape, b, b, norm_correction, ""), side, shape.dim(side));
     if (found == 0 && widest >= target - 1e-9) found = b, found_bpd = widest;
     else if (found > 0 && widest <= found_bpd + 1e-9) found = b;  // more bits in the same bytes
     else if (found > 0) break;

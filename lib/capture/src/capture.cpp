@@ -38,10 +38,11 @@ class CalibObserver : public CaptureObserver {
     m_.accumulate(c);
     const size_t d = size_t(s_.head_dim), L = size_t(s_.n_layers);
     const size_t nq = size_t(s_.n_heads) * d, nkv = size_t(s_.n_kv_heads) * d;
+    const size_t nv = size_t(s_.n_kv_heads) * size_t(s_.v_dim());  // V rows at the value dim (MLA)
     for (auto [slot, row] : picks) {
       std::copy_n(c.q + row * nq, nq, r_.q.data() + (size_t(slot) * L + size_t(c.layer)) * nq);
       std::copy_n(c.k + row * nkv, nkv, r_.k.data() + (size_t(slot) * L + size_t(c.layer)) * nkv);
-      std::copy_n(c.v + row * nkv, nkv, r_.v.data() + (size_t(slot) * L + size_t(c.layer)) * nkv);
+      std::copy_n(c.v + row * nv, nv, r_.v.data() + (size_t(slot) * L + size_t(c.layer)) * nv);
     }
   }
 
@@ -59,11 +60,12 @@ class HoldoutObserver : public CaptureObserver {
   void on_layer(const LayerCapture& c) override {
     const size_t d = size_t(s_.head_dim), M = size_t(h_.windows), T = size_t(T_);
     const size_t nq = size_t(s_.n_heads) * d, nkv = size_t(s_.n_kv_heads) * d;
+    const size_t nv = size_t(s_.n_kv_heads) * size_t(s_.v_dim());
     const size_t rows = size_t(c.batch) * T;
     const size_t base = (size_t(c.layer) * M + size_t(first_window)) * T;
     std::copy_n(c.q, rows * nq, h_.q.data() + base * nq);
     std::copy_n(c.k, rows * nkv, h_.k.data() + base * nkv);
-    std::copy_n(c.v, rows * nkv, h_.v.data() + base * nkv);
+    std::copy_n(c.v, rows * nv, h_.v.data() + base * nv);
   }
 
  private:
@@ -129,13 +131,14 @@ void capture_holdout(const Inputs& in, int batch_size, CalibFile& c) {
   const int T = in.plan.seq_len;
   const size_t L = size_t(in.shape.n_layers), d = size_t(in.shape.head_dim);
   const size_t nq = size_t(in.shape.n_heads) * d, nkv = size_t(in.shape.n_kv_heads) * d;
+  const size_t nv = size_t(in.shape.n_kv_heads) * size_t(in.shape.v_dim());
   const std::vector<int64_t>& offs = c.holdout_offsets;
   Holdout& h = c.holdout;
   h.windows = int(offs.size());
   for (int t = 0; t < (h.windows > 0 ? T : 0); ++t) h.positions.push_back(t);
   h.q = payload::zeros(L * h.windows * T * nq);
   h.k = payload::zeros(L * h.windows * T * nkv);
-  h.v = payload::zeros(L * h.windows * T * nkv);
+  h.v = payload::zeros(L * h.windows * T * nv);
   if (in.model.streamed()) {  // one chunk: each layer converted once for all held-out windows
     std::vector<std::unique_ptr<HoldoutObserver>> obs;
     std::vector<Model::ChunkBatch> batches;
@@ -283,6 +286,7 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
   const CalibProvenance& prov = in->prov;
   const size_t d = size_t(shape.head_dim), L = size_t(shape.n_layers);
   const size_t nq = size_t(shape.n_heads) * d, nkv = size_t(shape.n_kv_heads) * d;
+  const size_t nv = size_t(shape.n_kv_heads) * size_t(shape.v_dim());
 
   // A streamed capture keeps the file's payload (reservoir, held-out windows) in unlinked files
   // in --tmp-dir (default: beside --out), about one layer of it resident (see MemoryPlan).
@@ -316,7 +320,7 @@ CalibFile run_capture(const CaptureOptions& o, Ranks* ranks) {
   const int64_t rows_max = std::min<int64_t>(rv.capacity, int64_t(c.calib_offsets.size()) * o.seq_len);
   payload::grow_zeroed(rv.q, size_t(rows_max) * L * nq);
   payload::grow_zeroed(rv.k, size_t(rows_max) * L * nkv);
-  payload::grow_zeroed(rv.v, size_t(rows_max) * L * nkv);
+  payload::grow_zeroed(rv.v, size_t(rows_max) * L * nv);
   rv.source.resize(size_t(rows_max) * 2, 0);
   Rng rrng(0);
   rrng.set_state(rv.rng_state.data());

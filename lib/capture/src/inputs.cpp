@@ -121,7 +121,7 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
                                      std::to_string(o.samples));
   in->offsets.assign(in->plan.calib.begin() + wb, in->plan.calib.begin() + we);
 
-  in->shape = MomentShape{cfg.n_layers, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim};
+  in->shape = MomentShape{cfg.n_layers, cfg.n_kv_heads, cfg.n_heads, cfg.head_dim, cfg.head_dim_v};
   CalibProvenance& prov = in->prov;
   prov.tool_version = KVQ_VERSION;
   prov.model_path = o.model;
@@ -137,6 +137,8 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
     prov.rope_attention_factor = rp.attention_factor;
   }
   prov.head_dim = cfg.head_dim;
+  prov.head_dim_v = cfg.head_dim_v;
+  prov.softmax_scale = cfg.softmax_scale;
   prov.n_layers = cfg.n_layers;
   prov.n_heads = cfg.n_heads;
   prov.n_kv_heads = cfg.n_kv_heads;

@@ -26,6 +26,9 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
   if (pa.special_tokens_mode != pb.special_tokens_mode)
     refuse("provenance.special_tokens_mode", pa.special_tokens_mode, pb.special_tokens_mode);
   if (pa.seq_len != pb.seq_len) refuse("provenance.seq_len", std::to_string(pa.seq_len), std::to_string(pb.seq_len));
+  if (pa.v_dim() != pb.v_dim()) refuse("provenance.head_dim_v", std::to_string(pa.v_dim()), std::to_string(pb.v_dim()));
+  if (pa.attn_scale() != pb.attn_scale())
+    refuse("provenance.softmax_scale", std::to_string(pa.attn_scale()), std::to_string(pb.attn_scale()));
   if (!(a.shape() == b.shape())) refuse(h5path::kStats, "shape A", "shape B");
   // An empty layer_window (older file) means every layer full, the same as all zeros.
   for (int l = 0; l < pa.n_layers; ++l)
@@ -59,9 +62,9 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
   if (!(same_corpus && a.holdout_offsets == b.holdout_offsets) && b.holdout.windows > 0) {
     m.holdout_offsets.insert(m.holdout_offsets.end(), b.holdout_offsets.begin(), b.holdout_offsets.end());
     const auto sh = a.shape();
-    const size_t T = size_t(pa.seq_len), d = size_t(sh.head_dim);
+    const size_t T = size_t(pa.seq_len);
     const size_t Ma = size_t(a.holdout.windows), Mb = size_t(b.holdout.windows);
-    auto cat = [&](const payload::FloatVector& xa, const payload::FloatVector& xb, size_t heads) {
+    auto cat = [&](const payload::FloatVector& xa, const payload::FloatVector& xb, size_t heads, size_t d) {
       payload::FloatVector out;
       const size_t per = T * heads * d;
       for (size_t l = 0; l < size_t(sh.n_layers); ++l) {
@@ -70,9 +73,9 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
       }
       return out;
     };
-    m.holdout.q = cat(a.holdout.q, b.holdout.q, size_t(sh.n_heads));
-    m.holdout.k = cat(a.holdout.k, b.holdout.k, size_t(sh.n_kv_heads));
-    m.holdout.v = cat(a.holdout.v, b.holdout.v, size_t(sh.n_kv_heads));
+    m.holdout.q = cat(a.holdout.q, b.holdout.q, size_t(sh.n_heads), size_t(sh.head_dim));
+    m.holdout.k = cat(a.holdout.k, b.holdout.k, size_t(sh.n_kv_heads), size_t(sh.head_dim));
+    m.holdout.v = cat(a.holdout.v, b.holdout.v, size_t(sh.n_kv_heads), size_t(sh.v_dim()));
     m.holdout.ids.insert(m.holdout.ids.end(), b.holdout.ids.begin(), b.holdout.ids.end());
     m.holdout.windows = int(Ma + Mb);
     m.prov.holdout = m.holdout.windows;
@@ -104,6 +107,7 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
   const auto sh = a.shape();
   const size_t L = size_t(sh.n_layers), d = size_t(sh.head_dim);
   const size_t nq = size_t(sh.n_heads) * d * L, nkv = size_t(sh.n_kv_heads) * d * L;
+  const size_t nv = size_t(sh.n_kv_heads) * size_t(sh.v_dim()) * L;
   int64_t ia = 0, ib = 0;
   for (int f : from) {
     const Reservoir& src = f == 0 ? ra : rb;
@@ -114,7 +118,7 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
     if (!src.q.empty()) {
       r.q.insert(r.q.end(), src.q.begin() + long(size_t(i) * nq), src.q.begin() + long(size_t(i + 1) * nq));
       r.k.insert(r.k.end(), src.k.begin() + long(size_t(i) * nkv), src.k.begin() + long(size_t(i + 1) * nkv));
-      r.v.insert(r.v.end(), src.v.begin() + long(size_t(i) * nkv), src.v.begin() + long(size_t(i + 1) * nkv));
+      r.v.insert(r.v.end(), src.v.begin() + long(size_t(i) * nv), src.v.begin() + long(size_t(i + 1) * nv));
     }
   }
   m.reservoir = std::move(r);

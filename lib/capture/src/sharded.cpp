@@ -199,6 +199,7 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
         spdlog::warn("{} exists and will be replaced", o.out);
       const size_t L = size_t(in->shape.n_layers), d = size_t(in->shape.head_dim);
       const size_t nq = size_t(in->shape.n_heads) * d, nkv = size_t(in->shape.n_kv_heads) * d;
+      const size_t nv = size_t(in->shape.n_kv_heads) * size_t(in->shape.v_dim());
       c.prov = prov;
       c.moments = Moments(in->shape);
       track_amax_with(c.moments, c.prov);
@@ -208,7 +209,7 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
       c.reservoir.source = source;
       c.reservoir.q.assign(owned.size() * L * nq, 0.f);
       c.reservoir.k.assign(owned.size() * L * nkv, 0.f);
-      c.reservoir.v.assign(owned.size() * L * nkv, 0.f);
+      c.reservoir.v.assign(owned.size() * L * nv, 0.f);
     }
     fp = fingerprint(o, in->prov);
   } catch (const std::exception& e) {
@@ -239,6 +240,7 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
     const MomentShape& sh = in->shape;
     const size_t L = size_t(sh.n_layers), d = size_t(sh.head_dim);
     const size_t nq = L * size_t(sh.n_heads) * d, nkv = L * size_t(sh.n_kv_heads) * d;
+    const size_t nv = L * size_t(sh.n_kv_heads) * size_t(sh.v_dim());
     CalibFile f;
     if (R != 0) {
       send_moments(ranks, c.moments);
@@ -262,12 +264,12 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
       }
       rv.q.assign(rplan.owner.size() * nq, 0.f);
       rv.k.assign(rplan.owner.size() * nkv, 0.f);
-      rv.v.assign(rplan.owner.size() * nkv, 0.f);
+      rv.v.assign(rplan.owner.size() * nv, 0.f);
       auto place = [&](const std::vector<size_t>& slots, const Reservoir& part) {
         for (size_t i = 0; i < slots.size(); ++i) {
           std::copy_n(part.q.data() + i * nq, nq, rv.q.data() + slots[i] * nq);
           std::copy_n(part.k.data() + i * nkv, nkv, rv.k.data() + slots[i] * nkv);
-          std::copy_n(part.v.data() + i * nkv, nkv, rv.v.data() + slots[i] * nkv);
+          std::copy_n(part.v.data() + i * nv, nv, rv.v.data() + slots[i] * nv);
         }
       };
       place(owned, c.reservoir);
@@ -283,7 +285,7 @@ CalibFile run_sharded(const CaptureOptions& o, Ranks& ranks) {
         Reservoir part;
         part.q.resize(slots.size() * nq);
         part.k.resize(slots.size() * nkv);
-        part.v.resize(slots.size() * nkv);
+        part.v.resize(slots.size() * nv);
         ranks.recv(r, part.q.data(), part.q.size() * sizeof(float));
         ranks.recv(r, part.k.data(), part.k.size() * sizeof(float));
         ranks.recv(r, part.v.data(), part.v.size() * sizeof(float));

@@ -54,6 +54,12 @@ EvalReport run_eval(const EvalOptions& o) {
                 "the allocation was made for another model (config sha256 " + short_sha(a.calib.model_config_sha256) +
                     "..., calibration " + a.calib_path + "), not for --model " + o.model + " (" +
                     short_sha(m.config_sha256()) + "...)");
+  // The cache's dims: an allocation for another K or V dim cannot code this model's rows.
+  if (a.calib.head_dim != cfg.head_dim || a.calib.v_dim() != cfg.v_dim())
+    throw Error(o.alloc, a.calib.head_dim != cfg.head_dim ? "calibration.head_dim" : "calibration.head_dim_v",
+                std::to_string(a.calib.head_dim != cfg.head_dim ? a.calib.head_dim : a.calib.v_dim()) +
+                    " does not match --model " + o.model + "'s " +
+                    std::to_string(a.calib.head_dim != cfg.head_dim ? cfg.head_dim : cfg.v_dim()));
   // The held-out check runs against --calib, else against the calibration file the allocation
   // names when it is still there unchanged (allocations travel without their calibration files).
   std::string calib_path = o.calib, not_checked;
@@ -135,7 +141,7 @@ EvalReport run_eval(const EvalOptions& o) {
   if (o.baseline == "uniform") {
     kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
     vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
-    const alloc::Shape shape{cfg.n_layers, cfg.n_kv_heads, cfg.head_dim};
+    const alloc::Shape shape{cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.v_dim()};
     if (o.match == "effective") {
       const bool nc = alloc::tq_norm_correction(a.heads);
       kb = alloc::match_effective_bits("uniform", shape, Side::kK, alloc_coder.k_bpd_effective(), nc);

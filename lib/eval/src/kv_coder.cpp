@@ -15,7 +15,7 @@ const char* side_name(Side s) { return s == Side::kK ? "K" : "V"; }
 
 KvCoder::KvCoder(const ModelConfig& cfg, const std::vector<HeadDecision>& heads, const std::string& source)
     : cfg_(cfg) {
-  const int L = cfg.n_layers, H = cfg.n_kv_heads, d = cfg.head_dim;
+  const int L = cfg.n_layers, H = cfg.n_kv_heads, d = cfg.head_dim, dv = cfg.v_dim();
   std::vector<const HeadDecision*> slot(size_t(2) * L * H, nullptr);
   for (const auto& h : heads) {
     const std::string where = std::string(side_name(h.side)) + " layer " + std::to_string(h.layer) + " head " +
@@ -37,8 +37,9 @@ KvCoder::KvCoder(const ModelConfig& cfg, const std::vector<HeadDecision>& heads,
       throw Error(source, "heads", std::string("no decision for ") + side_name(Side(side)) + " layer " +
                                        std::to_string(l) + " head " + std::to_string(h) + " of the model");
     }
-    codecs_.emplace_back(*slot[i], d);  // validates the decision against d
-    (i < size_t(L) * H ? k_bpd_eff_ : v_bpd_eff_) += codecs_.back().effective_bpd() / (double(L) * H);
+    const bool k_side = i < size_t(L) * H;
+    codecs_.emplace_back(*slot[i], k_side ? d : dv);  // validates the decision against the side's dim
+    (k_side ? k_bpd_eff_ : v_bpd_eff_) += codecs_.back().effective_bpd() / (double(L) * H);
   }
 }
 
@@ -49,8 +50,7 @@ const codec::HeadCodec& KvCoder::codec(Side s, int layer, int head) const {
 void KvCoder::code(int layer, float* k, float* v, int n, const int64_t* positions) const {
   KVQ_ASSERT(layer >= 0 && layer < cfg_.n_layers);
   if (n <= 0) return;
-  const int H = cfg_.n_kv_heads, d = cfg_.head_dim;
-  const size_t row = size_t(H) * size_t(d);
+  const int H = cfg_.n_kv_heads, dk = cfg_.head_dim, dv = cfg_.v_dim();
   // Tasks = (side, head, block of tokens): the codecs are per-token, so blocks are independent.
   constexpr int kBlock = 64;
   const int blocks = (n + kBlock - 1) / kBlock;
@@ -61,6 +61,8 @@ void KvCoder::code(int layer, float* k, float* v, int n, const int64_t* position
       const int blk = int(task % blocks), h = int(task / blocks) % H;
       const Side side = task / (int64_t(blocks) * H) == 0 ? Side::kK : Side::kV;
       const int t0 = blk * kBlock, m = std::min(kBlock, n - t0);
+      const int d = side == Side::kK ? dk : dv;  // V rows at the value dim (MLA)
+      const size_t row = size_t(H) * size_t(d);
       float* base = (side == Side::kK ? k : v) + size_t(t0) * row + size_t(h) * d;
       const codec::HeadCodec& c = codec(side, layer, h);
       x.resize(size_t(m) * d);

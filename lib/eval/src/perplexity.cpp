@@ -31,10 +31,11 @@ class CodeFrom : public KvTransform {
   CodeFrom(const KvCoder& c, int sink) : c_(c), sink_(sink) {}
   void apply(LayerKv& kv) override {
     if (kv.seq <= sink_) return;
-    const size_t row = size_t(kv.n_kv_heads) * size_t(kv.head_dim);
+    // K and V rows of their own dims (MLA's served cache: 576 and 512).
+    const size_t row = size_t(kv.n_kv_heads) * size_t(kv.head_dim), row_v = size_t(kv.n_kv_heads) * size_t(kv.v_dim());
     for (int b = 0; b < kv.batch; ++b) {
-      const size_t off = (size_t(b) * size_t(kv.seq) + size_t(sink_)) * row;
-      c_.code(kv.layer, kv.k + off, kv.v + off, kv.seq - sink_, kv.positions + sink_);
+      const size_t tok = size_t(b) * size_t(kv.seq) + size_t(sink_);
+      c_.code(kv.layer, kv.k + tok * row, kv.v + tok * row_v, kv.seq - sink_, kv.positions + sink_);
     }
   }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include "kvq/format/decision_layout.hpp"
@@ -59,6 +60,7 @@ static int64_t decisions_version(const AllocFile& a) {
   const std::optional<bool> nc = tq_norm_correction(a);
   if (!nc) v = std::max(v, kAllocHeadNormCorrectionVersion);
   else if (*nc) v = std::max(v, kAllocNormCorrectionVersion);
+  if (a.calib.has_kv_dims()) v = std::max(v, kAllocKvDimsVersion);
   return v;
 }
 
@@ -98,6 +100,9 @@ json alloc_manifest(const AllocFile& a) {
                       {"seed", p.seed},
                       {"samples", p.samples},
                       {"seq_len", p.seq_len}};
+  // Only when they are not the defaults (version 6): other files keep their bytes.
+  if (p.v_dim() != p.head_dim) m["calibration"]["head_dim_v"] = p.head_dim_v;
+  if (p.softmax_scale > 0) m["calibration"]["softmax_scale"] = p.softmax_scale;
   json heads = json::array();
   for (const auto& h : a.heads) heads.push_back(alloc_heads::head_json(h, version, !nc));
   m["heads"] = heads;
@@ -112,7 +117,7 @@ void write_alloc(const std::string& path, const AllocFile& a) {
   const json m = alloc_manifest(a);
   const int64_t version = m.at("version").get<int64_t>();
   const std::string text = manifest_text(m);
-  const int d = a.calib.head_dim;
+  const int d = a.calib.head_dim, dv = a.calib.v_dim();
   write_atomically(path, [&](const std::string& tmp) {
     const h5::MuteCloseErrors mute;  // a failed close is the one kvq::Error below, not lines on stderr
     try {
@@ -122,7 +127,7 @@ void write_alloc(const std::string& path, const AllocFile& a) {
       h5::write_attr(root, "version", version);
       h5::write_root_text(root, h5path::leaf(h5path::kManifest), text, version >= kAllocManifestDatasetVersion);
       auto t = h5::make_group(root, h5path::leaf(h5path::kTensors));
-      for (const auto& h : a.heads) alloc_heads::write_head_tensors(t, h, d);
+      for (const auto& h : a.heads) alloc_heads::write_head_tensors(t, h, h.side == Side::kV ? dv : d);
       if (!a.k_distortion_before.empty() || !a.v_distortion_before.empty()) {
         auto s = h5::make_group(root, h5path::leaf(h5path::kSolver));
         const auto L = hsize_t(a.calib.n_layers), H = hsize_t(a.calib.n_kv_heads);
@@ -184,6 +189,22 @@ AllocFile read_alloc(const std::string& path) {
     a.calib.seed = int_field<uint64_t>(path, c, "seed");
     a.calib.samples = int_field<int>(path, c, "samples");
     a.calib.seq_len = int_field<int>(path, c, "seq_len");
+    for (const char* f : {"head_dim_v", "softmax_scale"})
+      if (c.contains(f) && version < kAllocKvDimsVersion)
+        throw Error(path, std::string("manifest.calibration.") + f,
+                    "needs allocation version >= " + std::to_string(kAllocKvDimsVersion) + ", the file is version " +
+                        std::to_string(version));
+    if (c.contains("head_dim_v")) {
+      a.calib.head_dim_v = int_field<int>(path, c, "head_dim_v");
+      if (a.calib.head_dim_v < 1 || a.calib.head_dim_v > 4096)
+        throw Error(path, "manifest.calibration.head_dim_v", "out of range: " + std::to_string(a.calib.head_dim_v));
+    }
+    if (c.contains("softmax_scale")) {
+      field = "calibration.softmax_scale";
+      a.calib.softmax_scale = c.at("softmax_scale").get<double>();
+      if (!std::isfinite(a.calib.softmax_scale) || !(a.calib.softmax_scale > 0))
+        throw Error(path, "manifest.calibration.softmax_scale", c.at("softmax_scale").dump() + " is not a positive number");
+    }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -210,7 +231,9 @@ AllocFile read_alloc(const std::string& path) {
     const std::string where = "manifest.heads[" + std::to_string(i++) + "]";
     HeadDecision h;
     try {
-      h = alloc_heads::read_head(j, where, {path, opened.header.version, d, L, H, norm_correction, t});
+      // V decisions at the value dim (version 6: MLA's served cache); the side is read first.
+      const int hd = j.is_object() && j.contains("side") && j["side"] == "V" ? a.calib.v_dim() : d;
+      h = alloc_heads::read_head(j, where, {path, opened.header.version, hd, L, H, norm_correction, t});
     } catch (const Error&) {
       throw;
     } catch (const std::exception& e) {
@@ -247,6 +270,13 @@ void check_alloc_matches(const AllocFile& a, const std::string& ap, const CalibF
     if (x != y) bad(f, std::to_string(x), std::to_string(y));
   };
   num("head_dim", a.calib.head_dim, c.prov.head_dim);
+  num("head_dim_v", a.calib.v_dim(), c.prov.v_dim());
+  if (a.calib.attn_scale() != c.prov.attn_scale()) {
+    char x[32], y[32];
+    std::snprintf(x, sizeof x, "%.17g", a.calib.attn_scale());
+    std::snprintf(y, sizeof y, "%.17g", c.prov.attn_scale());
+    bad("softmax_scale", x, y);
+  }
   num("rotary_dim", a.calib.rotary_dim, c.prov.rotary_dim);
   num("n_layers", a.calib.n_layers, c.prov.n_layers);
   num("n_kv_heads", a.calib.n_kv_heads, c.prov.n_kv_heads);

@@ -20,6 +20,10 @@ using json = nlohmann::json;
 using Dims = std::vector<hsize_t>;
 using h5path::leaf;
 
+double CalibProvenance::attn_scale() const {
+  return softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim));
+}
+
 std::string provenance_to_json(const CalibProvenance& p) {
   json j;
   j["tool_version"] = p.tool_version;
@@ -33,6 +37,9 @@ std::string provenance_to_json(const CalibProvenance& p) {
   j["rope_inv_freq"] = p.rope_inv_freq;
   j["rope_attention_factor"] = p.rope_attention_factor;
   j["head_dim"] = p.head_dim;
+  // Only when they differ from the defaults: other files keep their bytes and digests.
+  if (p.v_dim() != p.head_dim) j["head_dim_v"] = p.head_dim_v;
+  if (p.softmax_scale > 0.0) j["softmax_scale"] = p.softmax_scale;
   j["n_layers"] = p.n_layers;
   j["n_heads"] = p.n_heads;
   j["n_kv_heads"] = p.n_kv_heads;
@@ -138,6 +145,16 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
     p.rope_inv_freq = rope_default_inv_freq(p.rope_theta, p.rotary_dim);
   }
   get("head_dim", p.head_dim);
+  if (j.contains("head_dim_v")) {  // version 5
+    get("head_dim_v", p.head_dim_v);
+    if (p.head_dim_v < 1 || p.head_dim_v > 4096)
+      throw Error(file, "provenance.head_dim_v", "out of range: " + std::to_string(p.head_dim_v));
+  }
+  if (j.contains("softmax_scale")) {  // version 5
+    get("softmax_scale", p.softmax_scale);
+    if (!std::isfinite(p.softmax_scale) || !(p.softmax_scale > 0))
+      throw Error(file, "provenance.softmax_scale", json(p.softmax_scale).dump() + " is not a positive number");
+  }
   get("n_layers", p.n_layers);
   get("n_heads", p.n_heads);
   get("n_kv_heads", p.n_kv_heads);
@@ -196,7 +213,7 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
 }
 
 static void write_side(H5::Group& g, const char* tag, const SideMoments& s, const MomentShape& sh) {
-  const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), d = hsize_t(sh.head_dim);
+  const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), d = hsize_t(s.dim_of(sh));
   h5::write(g, std::string("count_") + tag, {L, H}, s.count.data());
   h5::write(g, std::string("sum_") + tag, {L, H, d}, s.sum.data());
   h5::write(g, std::string("gram_") + tag, {L, H, d, d}, s.gram.data());
@@ -212,8 +229,15 @@ void write_calib(const std::string& path, const CalibFile& c) {
       h5::write_attr(root, "format", std::string(kCalibFormat));
       // A provenance too large for an attribute (HDF5: 64 KiB) is the /provenance dataset, version 4.
       const std::string prov = provenance_to_json(c.prov);
-      const bool in_dataset = prov.size() > kCalibProvenanceAttrMax;
-      h5::write_attr(root, "version", in_dataset ? kCalibProvenanceDatasetVersion : kCalibAttrProvenanceVersion);
+      const bool kv_dims = c.prov.has_kv_dims();
+      if ((kv_dims || sh.v_dim() != sh.head_dim) && c.prov.v_dim() != sh.v_dim())
+        throw Error(path, "provenance.head_dim_v",
+                    std::to_string(c.prov.v_dim()) + " disagrees with the moments' value dim " + std::to_string(sh.v_dim()));
+      // Version 5 (kv dims) keeps the provenance in the dataset, as version 4 does.
+      const bool in_dataset = kv_dims || prov.size() > kCalibProvenanceAttrMax;
+      h5::write_attr(root, "version", kv_dims      ? kCalibKvDimsVersion
+                                      : in_dataset ? kCalibProvenanceDatasetVersion
+                                                   : kCalibAttrProvenanceVersion);
       h5::write_root_text(root, leaf(h5path::kProvenance), prov, in_dataset);
 
       auto st = h5::make_group(root, leaf(h5path::kStats));
@@ -221,6 +245,7 @@ void write_calib(const std::string& path, const CalibFile& c) {
       h5::write_attr(st, "n_kv_heads", int64_t(sh.n_kv_heads));
       h5::write_attr(st, "n_heads", int64_t(sh.n_heads));
       h5::write_attr(st, "head_dim", int64_t(sh.head_dim));
+      if (sh.v_dim() != sh.head_dim) h5::write_attr(st, "head_dim_v", int64_t(sh.v_dim()));
       write_side(st, "k", c.moments.k, sh);
       write_side(st, "v", c.moments.v, sh);
       write_side(st, "q", c.moments.q, sh);
@@ -239,7 +264,7 @@ void write_calib(const std::string& path, const CalibFile& c) {
         h5::write(w, "window_rank", {hsize_t(c.window_rank.size())}, c.window_rank.data());
 
       const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), NH = hsize_t(sh.n_heads),
-                    d = hsize_t(sh.head_dim);
+                    d = hsize_t(sh.head_dim), dv = hsize_t(sh.v_dim());
       auto r = h5::make_group(root, leaf(h5path::kReservoir));
       const auto& rv = c.reservoir;
       const hsize_t n = hsize_t(rv.size());
@@ -248,12 +273,12 @@ void write_calib(const std::string& path, const CalibFile& c) {
       h5::write(r, "rng_state", {4}, rv.rng_state.data());
       h5::write(r, leaf(h5path::kReservoirSource), {n, 2}, rv.source.data());
       // q, k, v may hold more rows than are filled (a capture's buffer): the first n are written.
-      if (rv.q.size() < n * L * NH * d || rv.k.size() < n * L * H * d || rv.v.size() < n * L * H * d)
+      if (rv.q.size() < n * L * NH * d || rv.k.size() < n * L * H * d || rv.v.size() < n * L * H * dv)
         throw Error(path, h5path::child(h5path::kReservoir, "q"),
                     "holds fewer rows than " + std::string(h5path::kReservoirSource) + " (" + std::to_string(n) + ")");
       h5::write(r, "q", {n, L, NH, d}, rv.q.data());
       h5::write(r, "k", {n, L, H, d}, rv.k.data());
-      h5::write(r, "v", {n, L, H, d}, rv.v.data());
+      h5::write(r, "v", {n, L, H, dv}, rv.v.data());
 
       auto ho = h5::make_group(root, leaf(h5path::kHoldout));
       const auto& hd = c.holdout;
@@ -263,7 +288,7 @@ void write_calib(const std::string& path, const CalibFile& c) {
       h5::write(ho, "positions", {hd.windows > 0 ? T : 0}, hd.positions.data());
       h5::write(ho, "q", {L, M, T, NH, d}, hd.q.data());
       h5::write(ho, "k", {L, M, T, H, d}, hd.k.data());
-      h5::write(ho, "v", {L, M, T, H, d}, hd.v.data());
+      h5::write(ho, "v", {L, M, T, H, dv}, hd.v.data());
       f.close();
     } catch (const H5::Exception& e) {
       throw Error(path, "", "HDF5 write failed: " + std::string(e.getCDetailMsg()));
@@ -277,9 +302,11 @@ static void check_finite(const std::string& file, const std::string& where, cons
       throw Error(file, where, "non-finite value " + std::to_string(v[i]) + " at element " + std::to_string(i));
 }
 
-static SideMoments read_side(const std::string& file, const H5::Group& g, const char* tag, const MomentShape& sh) {
-  const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), d = hsize_t(sh.head_dim);
+static SideMoments read_side(const std::string& file, const H5::Group& g, const char* tag, const MomentShape& sh,
+                             int dim) {
+  const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), d = hsize_t(dim);
   SideMoments s;
+  s.dim = dim;
   s.count = h5::read_i64(file, g, std::string("count_") + tag, {L, H});
   s.sum = h5::read_f64(file, g, std::string("sum_") + tag, {L, H, d});
   s.gram = h5::read_f64(file, g, std::string("gram_") + tag, {L, H, d, d});
@@ -317,6 +344,20 @@ CalibFile read_calib(const std::string& path, bool samples) {
   sh.n_kv_heads = dim_attr("n_kv_heads", 1, 4096);
   sh.n_heads = dim_attr("n_heads", 1, 65536);
   sh.head_dim = dim_attr("head_dim", 2, 4096);
+  if (h5::has_attr(st, "head_dim_v")) {
+    if (c.format_version < kCalibKvDimsVersion)
+      throw Error(path, h5path::attr(h5path::kStats, "head_dim_v"),
+                  "needs calibration version >= " + std::to_string(kCalibKvDimsVersion) + ", the file is version " +
+                      std::to_string(c.format_version));
+    sh.head_dim_v = dim_attr("head_dim_v", 1, 4096);
+  }
+  if (c.prov.has_kv_dims() && c.format_version < kCalibKvDimsVersion)
+    throw Error(path, c.prov.v_dim() != c.prov.head_dim ? "provenance.head_dim_v" : "provenance.softmax_scale",
+                "needs calibration version >= " + std::to_string(kCalibKvDimsVersion) + ", the file is version " +
+                    std::to_string(c.format_version));
+  if (sh.head_dim == c.prov.head_dim && sh.v_dim() != c.prov.v_dim())  // a wrong head_dim is the shape's error below
+    throw Error(path, h5path::attr(h5path::kStats, "head_dim_v"),
+                std::to_string(sh.v_dim()) + " disagrees with provenance.head_dim_v " + std::to_string(c.prov.v_dim()));
   if (sh.n_heads % sh.n_kv_heads != 0)
     throw Error(path, h5path::attr(h5path::kStats, "n_heads"),
                 std::to_string(sh.n_heads) + " not a multiple of n_kv_heads");
@@ -324,9 +365,9 @@ CalibFile read_calib(const std::string& path, bool samples) {
       sh.head_dim != c.prov.head_dim)
     throw Error(path, h5path::kStats, "shape disagrees with the provenance");
   c.moments = Moments(sh);
-  c.moments.k = read_side(path, st, "k", sh);
-  c.moments.v = read_side(path, st, "v", sh);
-  c.moments.q = read_side(path, st, "q", sh);
+  c.moments.k = read_side(path, st, "k", sh, sh.head_dim);
+  c.moments.v = read_side(path, st, "v", sh, sh.v_dim());
+  c.moments.q = read_side(path, st, "q", sh, sh.head_dim);
   if (c.format_version >= 3 && h5::has_link(st, leaf(h5path::kStatsAmaxK))) {
     auto read_amax = [&](const char* object, hsize_t heads) {
       std::vector<float> a = h5::read_f32(path, st, leaf(object), {hsize_t(sh.n_layers), heads});
@@ -354,7 +395,7 @@ CalibFile read_calib(const std::string& path, bool samples) {
     throw Error(path, h5path::kWindowsDone, "out of range: " + std::to_string(c.windows_done));
 
   const hsize_t L = hsize_t(sh.n_layers), H = hsize_t(sh.n_kv_heads), NH = hsize_t(sh.n_heads),
-                d = hsize_t(sh.head_dim);
+                d = hsize_t(sh.head_dim), dv = hsize_t(sh.v_dim());
   auto r = h5::open_group(path, root, leaf(h5path::kReservoir));
   auto& rv = c.reservoir;
   rv.capacity = h5::read_attr_i64(path, r, "capacity");
@@ -369,7 +410,7 @@ CalibFile read_calib(const std::string& path, bool samples) {
   if (samples) {
     h5::read_f32(path, r, "q", {n, L, NH, d}, &rv.q);
     h5::read_f32(path, r, "k", {n, L, H, d}, &rv.k);
-    h5::read_f32(path, r, "v", {n, L, H, d}, &rv.v);
+    h5::read_f32(path, r, "v", {n, L, H, dv}, &rv.v);
   }
 
   auto ho = h5::open_group(path, root, leaf(h5path::kHoldout));
@@ -385,7 +426,7 @@ CalibFile read_calib(const std::string& path, bool samples) {
     hd.positions = h5::read_i64(path, ho, "positions", {M > 0 ? T : 0});
     h5::read_f32(path, ho, "q", {L, hsize_t(M), T, NH, d}, &hd.q);
     h5::read_f32(path, ho, "k", {L, hsize_t(M), T, H, d}, &hd.k);
-    h5::read_f32(path, ho, "v", {L, hsize_t(M), T, H, d}, &hd.v);
+    h5::read_f32(path, ho, "v", {L, hsize_t(M), T, H, dv}, &hd.v);
   }
   return c;
 }

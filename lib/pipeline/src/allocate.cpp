@@ -68,7 +68,7 @@ std::vector<alloc::CobraHeadInput> cobra_inputs(const CalibFile& c, Side side, b
       in.eigenvalues.assign(e.values.data(), e.values.data() + e.values.size());
       in.eigenvectors = e.vectors;
       // The codec subtracts the mean only for the centered basis; uncentered keeps x as is.
-      in.mean = centered ? mean_of(s, sh, l, h) : Eigen::VectorXd::Zero(sh.head_dim);
+      in.mean = centered ? mean_of(s, sh, l, h) : Eigen::VectorXd::Zero(side_dim(sh, side));
       if (kl) {
         Eigen::VectorXd qv = query_variance_in_basis(c.moments, l, h, e.vectors, true);
         in.query_variance.assign(qv.data(), qv.data() + qv.size());
@@ -83,7 +83,7 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
                                                  const std::vector<alloc::CobraHeadInput>& in,
                                                  const AllocateOptions& o) {
   const auto sh = c.shape();
-  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
+  const int d = side_dim(sh, side), L = sh.n_layers, H = sh.n_kv_heads;
   const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
   if (n < 1)
     throw Error(o.calib, h5path::kReservoir, "empty: cobra-measured needs reservoir rows (calib-capture --reservoir-tokens)");
@@ -133,7 +133,8 @@ std::vector<alloc::MeasuredTable> measure_tables(const CalibFile& c, Side side,
 
 alloc::Allocation allocate_side(const CalibFile& c, Side side, Method method, double bpd, const AllocateOptions& o) {
   const auto sh = c.shape();
-  alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
+  // Each side at its own dim: MLA's served cache has a 576-dim K and a 512-dim V.
+  alloc::Shape shape{sh.n_layers, sh.n_kv_heads, side_dim(sh, side)};
   if (method == Method::kUniform) {
     alloc::UniformOptions u;
     u.b_max = o.b_max;
@@ -234,6 +235,10 @@ AllocFile run_allocate(const AllocateOptions& o) {
                 std::to_string(c.windows_done) + " of " + std::to_string(c.calib_offsets.size()) +
                     " windows: an interrupted capture (finish it with calib-capture --resume)");
   const auto sh = c.shape();
+  if (o.joint_kv && sh.v_dim() != sh.head_dim)
+    throw Error(o.calib, "provenance.head_dim_v",
+                std::to_string(sh.v_dim()) + " differs from head_dim " + std::to_string(sh.head_dim) +
+                    ": --joint-kv solves K and V of one dim (allocate them separately)");
   for (int l = 0; l < sh.n_layers; ++l)
     for (int h = 0; h < sh.n_kv_heads; ++h)
       if (c.moments.k.count_of(sh, l, h) == 0 || c.moments.q.count_of(sh, l, h) == 0)
@@ -281,7 +286,7 @@ AllocFile run_allocate(const AllocateOptions& o) {
   }
 
   if (o.joint_kv) {
-    alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim};
+    alloc::Shape shape{sh.n_layers, sh.n_kv_heads, sh.head_dim, sh.v_dim()};
     auto opts = cobra_options(o, o.method);
     opts.c2 = alloc::C2Kind::kExact;
     auto alloc = alloc::allocate_cobra_joint(shape, cobra_inputs(c, Side::kK, !o.uncentered, false),
@@ -340,7 +345,7 @@ AllocFile run_allocate(const AllocateOptions& o) {
           HeadDecision& h = *to_fit[i];
           const int64_t n = std::min<int64_t>(c.reservoir.size(), codec::kCompactFitMaxRows);
           const std::vector<float> rows = reservoir_rows(c, h, n);
-          fits[i] = codec::fit_compact_group_norms(h, sh.head_dim, rows.data(), n, o.ratio_bits,
+          fits[i] = codec::fit_compact_group_norms(h, side_dim(sh, h.side), rows.data(), n, o.ratio_bits,
                                                    alloc::derive_seed(o.seed, h.layer, h.kv_head, h.side, kRatioSeedTag));
         } catch (...) {
           const std::lock_guard<std::mutex> lock(failed_mu);
@@ -398,7 +403,7 @@ AllocFile run_allocate(const AllocateOptions& o) {
                  n_compact, n_compact ? rel_sum / n_compact : 0.0, rel_max, n_compact ? rel16_sum / n_compact : 0.0);
   }
   a.k_bpd_effective = side_effective_bpd(a.heads, Side::kK, sh.head_dim);
-  a.v_bpd_effective = side_effective_bpd(a.heads, Side::kV, sh.head_dim);
+  a.v_bpd_effective = side_effective_bpd(a.heads, Side::kV, sh.v_dim());
   write_alloc(o.out, a);
   if (!o.manifest_json.empty()) write_file_atomically(o.manifest_json, alloc_manifest(a).dump(1) + "\n");
   spdlog::info("{}: K {} at {} bpd (effective {:.4f}), V {} at {} bpd (effective {:.4f})", o.out, a.method,

@@ -40,14 +40,14 @@ LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std:
                                                   double margin, bool attention, int measure_tokens,
                                                   const std::string& calib_path) {
   const auto sh = c.shape();
-  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads, NQ = c.prov.n_heads;
+  const int d = sh.head_dim, dv = sh.v_dim(), L = sh.n_layers, H = sh.n_kv_heads, NQ = c.prov.n_heads;
   const int G = NQ / H;
   const size_t F = formats.size();
   const int64_t n = std::min<int64_t>(c.reservoir.size(), measure_tokens);
   KVQ_ASSERT(n >= 1 && G >= 1);
   const int64_t nq = std::min<int64_t>(n, kNormCorrectionQueries);
   const codec::RopeSpec rope = calib_rope(c.prov);
-  const double inv_sqrt_d = 1.0 / std::sqrt(double(d));
+  const double scale = c.prov.attn_scale();  // the recorded softmax scale (MLA's), else 1/sqrt(d)
   LayerPrecisionCosts out;
   out.k.assign(size_t(L * H) * F, 0.0);
   out.v.assign(size_t(L * H) * F, 0.0);
@@ -73,7 +73,7 @@ LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std:
                                                  "[" + std::to_string(l) + "][" + std::to_string(h) + "]");
           auto& y = coded[s][f];
           y.resize(x[s].size());
-          codec::HeadCodec(dec, d).round_trip(x[s].data(), int(n), y.data());
+          codec::HeadCodec(dec, side == Side::kK ? d : dv).round_trip(x[s].data(), int(n), y.data());
           if (!attention) {
             double se = 0;
             for (size_t i = 0; i < y.size(); ++i) se += double(x[s][i] - y[i]) * double(x[s][i] - y[i]);
@@ -91,8 +91,8 @@ LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std:
           codec::reference_apply_rope(row.data(), d, c.reservoir.source[size_t(2 * t + 1)], rope);
           for (int i = 0; i < d; ++i) Q(t * G + j, i) = row[size_t(i)];
         }
-      const Mat K = to_mat(x[0], n, d), V = to_mat(x[1], n, d);
-      const Mat S = Q * K.transpose() * inv_sqrt_d;  // logits [queries][keys]
+      const Mat K = to_mat(x[0], n, d), V = to_mat(x[1], n, dv);
+      const Mat S = Q * K.transpose() * scale;  // logits [queries][keys]
       Mat P = S;
       softmax_rows(P);
       const Mat O = P * V;
@@ -101,9 +101,9 @@ LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std:
       const double o_energy = O.squaredNorm() / double(Q.rows());
       const double v_norm = o_energy > 0 ? o_energy : 1.0;
       for (size_t f = 0; f < F; ++f) {
-        const Mat Sh = Q * to_mat(coded[0][f], n, d).transpose() * inv_sqrt_d;
+        const Mat Sh = Q * to_mat(coded[0][f], n, d).transpose() * scale;
         out.k[head * F + f] = (Sh - S).squaredNorm() / (double(Q.rows()) * double(n));
-        out.v[head * F + f] = (P * (to_mat(coded[1][f], n, d) - V)).squaredNorm() / double(Q.rows()) / v_norm;
+        out.v[head * F + f] = (P * (to_mat(coded[1][f], n, dv) - V)).squaredNorm() / double(Q.rows()) / v_norm;
       }
     }
   return out;
@@ -122,7 +122,7 @@ alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOpt
   if (o.objective != "attention" && o.objective != "mse")
     throw Error("", "--objective", "unknown value '" + o.objective + "' (attention or mse)");
   alloc::LayerPrecisionInput in;
-  in.shape = {L, H, d};
+  in.shape = {L, H, d, sh.v_dim()};
   in.combos = layer_formats_from_flag("--formats", o.formats);
   in.formats = side_formats(in.combos);
   in.margin = 1.0;

@@ -19,8 +19,9 @@ struct LayerPrecisionCosts {
 //  mse:       the mean over rows of ||x - x^||^2;
 //  attention: with the group's query heads at the first min(n, kNormCorrectionQueries) rows as
 //             queries (post-RoPE at their positions) and all n rows as keys and values (every
-//             pair, as choose_norm_correction), logits s = q k / sqrt(d), P = softmax over the keys:
-//             K: the mean over (query, key) pairs of the squared logit error (q (k^ - k) / sqrt(d))^2;
+//             pair, as choose_norm_correction), logits s = q k * scale (the recorded softmax scale,
+//             1/sqrt(d) unless the file records one), P = softmax over the keys:
+//             K: the mean over (query, key) pairs of the squared logit error (q (k^ - k) * scale)^2;
 //             V: the attention-output error of the values relative to the output,
 //                mean_q ||P (V^ - V)||^2 / mean_q ||P V||^2 (keys exact; absolute if P V is 0).
 //             Both are dimensionless, so a layer's K and V costs add.

@@ -24,7 +24,7 @@ codec::RopeSpec calib_rope(const CalibProvenance& p) {
 
 std::vector<float> reservoir_rows(const CalibFile& c, int layer, int kv_head, Side side, bool post_rope, int64_t n) {
   const auto sh = c.shape();
-  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads;
+  const int d = side_dim(sh, side), L = sh.n_layers, H = sh.n_kv_heads;
   KVQ_ASSERT(n >= 0 && n <= int64_t(c.reservoir.size()));
   const codec::RopeSpec rope = calib_rope(c.prov);
   const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
@@ -44,7 +44,7 @@ std::vector<float> reservoir_rows(const CalibFile& c, const HeadDecision& dec, i
 NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecision& dec, int measure_tokens) {
   KVQ_ASSERT(dec.kind == CodingKind::kTqGroups);
   const auto sh = c.shape();
-  const int d = sh.head_dim, L = sh.n_layers, H = sh.n_kv_heads, NQ = c.prov.n_heads;
+  const int d = side_dim(sh, dec.side), L = sh.n_layers, H = sh.n_kv_heads, NQ = c.prov.n_heads;
   const int G = NQ / H;
   const int64_t n = std::min<int64_t>(c.reservoir.size(), measure_tokens);
   KVQ_ASSERT(n >= 1);

@@ -70,15 +70,17 @@ struct Coded {
   std::vector<float> k_post, v;  // decoded, [T][d]
 };
 
-// Codes and decodes one head's K and V of one window; K comes back post-RoPE.
+// Codes and decodes one head's K ([T][d], token stride `stride`) and V ([T][dv], token stride
+// `v_stride`) of one window; K comes back post-RoPE.
 Coded code_window(const codec::HeadCodec& kc, const codec::HeadCodec& vc, const float* k_pre_src,
-                  const float* v_src, size_t stride, int T, int d, const codec::RopeSpec& rope,
-                  const int64_t* pos, std::vector<float>& k_post_true, std::vector<float>& v_true) {
+                  const float* v_src, size_t stride, size_t v_stride, int T, int d, int dv,
+                  const codec::RopeSpec& rope, const int64_t* pos, std::vector<float>& k_post_true,
+                  std::vector<float>& v_true) {
   std::vector<float> k_pre(size_t(T) * size_t(d));
-  v_true.resize(size_t(T) * size_t(d));
+  v_true.resize(size_t(T) * size_t(dv));
   for (int t = 0; t < T; ++t) {
     std::copy_n(k_pre_src + size_t(t) * stride, d, k_pre.data() + size_t(t) * size_t(d));
-    std::copy_n(v_src + size_t(t) * stride, d, v_true.data() + size_t(t) * size_t(d));
+    std::copy_n(v_src + size_t(t) * v_stride, dv, v_true.data() + size_t(t) * size_t(dv));
   }
   k_post_true = k_pre;
   for (int t = 0; t < T; ++t) codec::reference_apply_rope(k_post_true.data() + size_t(t) * size_t(d), d, pos[t], rope);
@@ -101,13 +103,22 @@ Coded code_window(const codec::HeadCodec& kc, const codec::HeadCodec& vc, const 
 CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads, const std::string& name,
                      pipeline_detail::GpuVerifier* gpu) {
   const auto sh = c.shape();
-  const int L = sh.n_layers, H = sh.n_kv_heads, NH = sh.n_heads, d = sh.head_dim, gs = sh.group_size();
+  const int L = sh.n_layers, H = sh.n_kv_heads, NH = sh.n_heads, d = sh.head_dim, dv = sh.v_dim(),
+            gs = sh.group_size();
   const int M = c.holdout.windows, T = c.prov.seq_len;
   const auto rope = calib_rope(c.prov);
-  const float inv_sqrt_d = 1.0f / std::sqrt(float(d));
+  // The logits' scale: the recorded one (MLA: 192^-1/2 mscale^2), else 1/sqrt(d) as before (in float).
+  const double scale = c.prov.softmax_scale > 0 ? c.prov.softmax_scale : double(1.0f / std::sqrt(float(d)));
   CodedReport rep;
   rep.name = name;
   const bool on_gpu = gpu && gpu->on();
+  // The packed cache and its fused attention take one head dim for K and V and scale by 1/sqrt(d):
+  // MLA's served cache (576 / 512, its own scale) is checked through the encoder and decoder only.
+  const bool gpu_cache = on_gpu && dv == d && !(c.prov.softmax_scale > 0);
+  if (on_gpu && !gpu_cache)
+    gpu->note("GPU-resident cache and fused attention not run: K dim " + std::to_string(d) + ", V dim " +
+              std::to_string(dv) + (c.prov.softmax_scale > 0 ? ", recorded softmax scale" : "") +
+              " (the fused kernel takes equal dims and 1/sqrt(d)); encoder and decoder checked");
   std::vector<double> p(static_cast<size_t>(T)), pt(static_cast<size_t>(T));
   std::vector<int> ia, ib;
   for (int l = 0; l < L; ++l) {
@@ -116,23 +127,24 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
     // The GPU path's cache of this layer: codecs per KV head, the rows as coded
     // [window][token][KV head][d] and the post-RoPE queries [window][token][head][d].
     std::deque<codec::HeadCodec> gpu_kc, gpu_vc;
-    const size_t gpu_rows = on_gpu ? size_t(M) * size_t(T) * size_t(H) * size_t(d) : 0;
-    std::vector<float> gpu_k(gpu_rows), gpu_v(gpu_rows), gpu_q(on_gpu ? size_t(M) * size_t(T) * size_t(NH) * d : 0);
+    const size_t gpu_rows = gpu_cache ? size_t(M) * size_t(T) * size_t(H) * size_t(d) : 0;
+    std::vector<float> gpu_k(gpu_rows), gpu_v(gpu_rows), gpu_q(gpu_cache ? size_t(M) * size_t(T) * size_t(NH) * d : 0);
     for (int h = 0; h < H; ++h) {
       const HeadDecision *kd = nullptr, *vd = nullptr;
       for (const auto& x : heads)
         if (x.layer == l && x.kv_head == h) (x.side == Side::kK ? kd : vd) = &x;
       KVQ_ASSERT(kd && vd);
-      codec::HeadCodec kc(*kd, d), vc(*vd, d);
+      codec::HeadCodec kc(*kd, d), vc(*vd, dv);
       if (on_gpu) {
         gpu_kc.push_back(kc);
         gpu_vc.push_back(vc);
       }
       for (int m = 0; m < M; ++m) {
         const size_t base_kv = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(H) * size_t(d) + size_t(h) * d;
+        const size_t base_v = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(H) * size_t(dv) + size_t(h) * dv;
         std::vector<float> k_true, v_true;
-        Coded cd = code_window(kc, vc, c.holdout.k.data() + base_kv, c.holdout.v.data() + base_kv, size_t(H) * d, T,
-                               d, rope, c.holdout.positions.data(), k_true, v_true);
+        Coded cd = code_window(kc, vc, c.holdout.k.data() + base_kv, c.holdout.v.data() + base_v, size_t(H) * d,
+                               size_t(H) * dv, T, d, dv, rope, c.holdout.positions.data(), k_true, v_true);
         if (on_gpu) {
           // The rows each side is coded from: K post-RoPE when the decision says so, else pre-RoPE.
           std::vector<float> k_in(k_true);
@@ -141,7 +153,7 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
               std::copy_n(c.holdout.k.data() + base_kv + size_t(t) * H * d, d, k_in.data() + size_t(t) * d);
           gpu->check_side(kc, k_in.data(), T);
           gpu->check_side(vc, v_true.data(), T);
-          for (int t = 0; t < T; ++t) {
+          for (int t = 0; t < T && gpu_cache; ++t) {
             const size_t at = ((size_t(m) * T + size_t(t)) * H + size_t(h)) * d;
             std::copy_n(k_in.data() + size_t(t) * d, d, gpu_k.data() + at);
             std::copy_n(v_true.data() + size_t(t) * d, d, gpu_v.data() + at);
@@ -150,11 +162,13 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
         for (size_t i = 0; i < k_true.size(); ++i) {
           acc.ek += double(k_true[i] - cd.k_post[i]) * double(k_true[i] - cd.k_post[i]);
           acc.nk += double(k_true[i]) * k_true[i];
+        }
+        for (size_t i = 0; i < v_true.size(); ++i) {
           acc.ev += double(v_true[i] - cd.v[i]) * double(v_true[i] - cd.v[i]);
           acc.nv += double(v_true[i]) * v_true[i];
         }
         Eigen::Map<const RowMat> K(k_true.data(), T, d), Kh(cd.k_post.data(), T, d);
-        Eigen::Map<const RowMat> V(v_true.data(), T, d), Vh(cd.v.data(), T, d);
+        Eigen::Map<const RowMat> V(v_true.data(), T, dv), Vh(cd.v.data(), T, dv);
         for (int g = h * gs; g < (h + 1) * gs; ++g) {
           RowMat Q(T, d);
           const size_t base_q = ((size_t(l) * M + size_t(m)) * size_t(T)) * size_t(NH) * d + size_t(g) * d;
@@ -162,8 +176,8 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
             std::copy_n(c.holdout.q.data() + base_q + size_t(t) * NH * d, d, Q.data() + size_t(t) * d);
             codec::reference_apply_rope(Q.data() + size_t(t) * d, d, c.holdout.positions[size_t(t)], rope);
           }
-          Eigen::MatrixXd S = (Q * K.transpose()).cast<double>() * inv_sqrt_d;
-          Eigen::MatrixXd Sh = (Q * Kh.transpose()).cast<double>() * inv_sqrt_d;
+          Eigen::MatrixXd S = (Q * K.transpose()).cast<double>() * scale;
+          Eigen::MatrixXd Sh = (Q * Kh.transpose()).cast<double>() * scale;
           Eigen::MatrixXd P = Eigen::MatrixXd::Zero(T, T), Ph = Eigen::MatrixXd::Zero(T, T);
           for (int i = 0; i < T; ++i) {
             // The keys the model attends: causal 0..i, or the last W of them on a sliding-window layer.
@@ -187,7 +201,7 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
         }
       }
     }
-    if (on_gpu) {  // the layer as a GPU-resident cache: every step appended, the fused attention checked
+    if (gpu_cache) {  // the layer as a GPU-resident cache: every step appended, the fused attention checked
       for (int m = 0; m < M; ++m)
         for (int t = 0; t < T; ++t) {
           const size_t at = (size_t(m) * T + size_t(t)) * size_t(NH) * d;
@@ -279,6 +293,7 @@ nlohmann::json GpuCheck::to_json() const {
 }
 
 std::string GpuCheck::summary() const {
+  if (!ran && !skipped.empty()) return skipped;
   if (!ran) return "not available (no GPU): CPU reference encoder and decoder only";
   char buf[1024];
   std::snprintf(buf, sizeof buf,
@@ -312,20 +327,21 @@ VerifyReport run_verify(const VerifyOptions& o) {
   check_alloc_matches(a, o.alloc, c, o.calib);
   if (c.holdout.windows < 1)
     throw Error(o.calib, h5path::kHoldoutWindows, "0: no held-out windows to verify on (calib-capture --holdout N)");
-  const int d = c.prov.head_dim;
+  const int d = c.prov.head_dim, dv = c.prov.v_dim();
   VerifyReport r;
   r.n_layers = c.prov.n_layers;
   double kb = o.baseline_k_bpd > 0 ? o.baseline_k_bpd : a.k_bpd_nominal;
   double vb = o.baseline_v_bpd > 0 ? o.baseline_v_bpd : a.v_bpd_nominal;
-  const alloc::Shape shape{c.prov.n_layers, c.prov.n_kv_heads, c.prov.head_dim};
-  const double alloc_k_eff = side_bpd(a.heads, Side::kK, d), alloc_v_eff = side_bpd(a.heads, Side::kV, d);
+  const alloc::Shape shape{c.prov.n_layers, c.prov.n_kv_heads, c.prov.head_dim, dv};
+  const double alloc_k_eff = side_bpd(a.heads, Side::kK, d), alloc_v_eff = side_bpd(a.heads, Side::kV, dv);
   r.match = o.match;
   if (o.match == "effective") {  // before any coding: an unreachable budget fails at once
     const bool nc = alloc::tq_norm_correction(a.heads);
     kb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, d, Side::kK, alloc_k_eff, nc);
-    vb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, d, Side::kV, alloc_v_eff, nc);
+    vb = match_effective_bits(o.baseline, shape.n_layers, shape.n_kv_heads, dv, Side::kV, alloc_v_eff, nc);
   }
   pipeline_detail::GpuVerifier gpu(o.cuda);
+  gpu.limit_dims(d, dv);
   r.alloc = evaluate(c, a.heads, a.method + (a.v_method != a.method ? "/" + a.v_method : ""), &gpu);
   r.gpu = gpu.finish();
   r.cuda = r.gpu.summary();
@@ -352,7 +368,7 @@ VerifyReport run_verify(const VerifyOptions& o) {
   r.baseline.k_bpd_nominal = kb;
   r.baseline.v_bpd_nominal = vb;
   r.baseline.k_bpd_effective = side_bpd(base, Side::kK, d);
-  r.baseline.v_bpd_effective = side_bpd(base, Side::kV, d);
+  r.baseline.v_bpd_effective = side_bpd(base, Side::kV, dv);
   for (int l = 0; l < r.n_layers; ++l)
     r.layer_wins += r.alloc.layers[size_t(l)].logit_mae < r.baseline.layers[size_t(l)].logit_mae;
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <memory>
 #include <numeric>
+#include <string>
+#include <utility>
 
 #if KVQ_HAVE_CUDA
 #include "kvq/cuda/cuda.hpp"
@@ -22,6 +24,20 @@ GpuVerifier::GpuVerifier(bool wanted) {
   g_.ran = on_;
 }
 
+void GpuVerifier::limit_dims(int d, int dv) {
+#if KVQ_HAVE_CUDA
+  if (!on_ || std::max(d, dv) <= cuda::kMaxHeadDim) return;
+  on_ = false;
+  g_.ran = false;
+  g_.skipped = "not run on " + g_.device + ": head dims K " + std::to_string(d) + ", V " + std::to_string(dv) +
+               " are above the GPU kernels' " + std::to_string(cuda::kMaxHeadDim) + "; CPU reference only";
+#else
+  (void)d;
+  (void)dv;
+#endif
+}
+
+void GpuVerifier::note(std::string text) { g_.notes.push_back(std::move(text)); }
 
 void GpuVerifier::check_side(const codec::HeadCodec& c, const float* rows, int T) {
 #if KVQ_HAVE_CUDA

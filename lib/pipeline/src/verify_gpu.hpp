@@ -66,6 +66,12 @@ class GpuVerifier {
   // Runs when `wanted` and a CUDA device is usable.
   explicit GpuVerifier(bool wanted);
   bool on() const { return on_; }
+  // Turns the GPU path off, with a note in the report, when a head dim (K's d, V's dv) is above
+  // what the GPU kernels take (cuda::kMaxHeadDim; MLA's served cache is 576 / 512): the CPU
+  // reference alone measures, rather than the GPU refusing the run.
+  void limit_dims(int d, int dv);
+  // A line for the report's notes (what the GPU path left out, and why).
+  void note(std::string text);
 
   // One (layer, KV head, window, side): rows [T][d] as the side is coded.
   void check_side(const codec::HeadCodec& c, const float* rows, int T);

@@ -265,7 +265,8 @@ std::vector<Table> alloc_tables(const AllocFile& a, const CalibFile* c) {
     const size_t idx = size_t(h.layer * H + h.kv_head);
     heads.add({side_str(h.side), std::to_string(h.layer), std::to_string(h.kv_head), to_string(h.kind),
                lr ? std::to_string(h.rank) : "-", bits, uses(h, kFieldBudgetBits) ? std::to_string(h.budget_bits) : "-",
-               std::to_string(code_bits(h, d)), fmt_fixed(head_effective_bpd(h, d), 3),
+               std::to_string(code_bits(h, h.side == Side::kV ? a.calib.v_dim() : d)),  // V at its own dim (MLA)
+               fmt_fixed(head_effective_bpd(h, h.side == Side::kV ? a.calib.v_dim() : d), 3),
                h.predicted_distortion != 0 || lr ? fmt(h.predicted_distortion) : "-",
                idx < b.size() ? fmt(b[idx]) : "-", blocks ? join_ints(block_widths(h, a.calib)) : "-"});
   }

@@ -194,10 +194,8 @@ std::vector<HeadEnergy> head_energies(const CalibFile& c) {
       if (e.tokens_k > 0) {
         const double* gk = c.moments.k.gram_of(sh, l, h);
         const double* gv = c.moments.v.gram_of(sh, l, h);
-        for (int i = 0; i < sh.head_dim; ++i) {
-          e.trace_k += gk[size_t(i) * size_t(sh.head_dim) + size_t(i)];
-          e.trace_v += gv[size_t(i) * size_t(sh.head_dim) + size_t(i)];
-        }
+        for (int i = 0; i < sh.head_dim; ++i) e.trace_k += gk[size_t(i) * size_t(sh.head_dim) + size_t(i)];
+        for (int i = 0; i < sh.v_dim(); ++i) e.trace_v += gv[size_t(i) * size_t(sh.v_dim()) + size_t(i)];  // MLA: V's own dim
         e.trace_k /= double(e.tokens_k);
         e.trace_v /= double(c.moments.v.count_of(sh, l, h));
       }

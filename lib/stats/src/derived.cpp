@@ -26,14 +26,14 @@ std::vector<double> block_energies(const Moments& m, const RopeGeometry& g, int 
 }
 
 Eigen::VectorXd mean_of(const SideMoments& s, const MomentShape& shape, int layer, int head) {
-  const int d = shape.head_dim;
+  const int d = s.dim_of(shape);
   const int64_t n = s.count_of(shape, layer, head);
   Eigen::VectorXd mu = Eigen::Map<const Eigen::VectorXd>(s.sum_of(shape, layer, head), d);
   return n > 0 ? Eigen::VectorXd(mu / double(n)) : Eigen::VectorXd::Zero(d);
 }
 
 Eigen::MatrixXd second_moment(const SideMoments& s, const MomentShape& shape, int layer, int head, bool centered) {
-  const int d = shape.head_dim;
+  const int d = s.dim_of(shape);
   const int64_t n = s.count_of(shape, layer, head);
   if (n == 0) return Eigen::MatrixXd::Zero(d, d);
   Eigen::MatrixXd m = Eigen::Map<const Eigen::MatrixXd>(s.gram_of(shape, layer, head), d, d) / double(n);

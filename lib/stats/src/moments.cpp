@@ -42,10 +42,11 @@ void accumulate_rows(const float* base, int64_t n_tokens, int64_t token_stride, 
 }
 }  // namespace
 
-void SideMoments::resize(const MomentShape& s) {
+void SideMoments::resize(const MomentShape& s, int d) {
+  dim = d > 0 ? d : s.head_dim;
   count.assign(s.heads(), 0);
-  sum.assign(s.heads() * s.head_dim, 0.0);
-  gram.assign(s.heads() * s.head_dim * s.head_dim, 0.0);
+  sum.assign(s.heads() * size_t(dim), 0.0);
+  gram.assign(s.heads() * size_t(dim) * size_t(dim), 0.0);
 }
 
 void SideMoments::add(const SideMoments& o) {
@@ -87,7 +88,7 @@ Moments::Moments(const MomentShape& s) : shape_(s) {
     throw Error("", "n_kv_heads", "query heads " + std::to_string(s.n_heads) + " not a multiple of KV heads " +
                                       std::to_string(s.n_kv_heads));
   k.resize(s);
-  v.resize(s);
+  v.resize(s, s.v_dim());
   q.resize(s);
 }
 
@@ -109,18 +110,19 @@ void Moments::set_amax_rope(RopePairing pairing, int rotary_dim, std::vector<dou
 }
 
 void Moments::accumulate(const LayerCapture& c) {
-  KVQ_ASSERT(c.n_kv_heads == shape_.n_kv_heads && c.n_heads == shape_.n_heads && c.head_dim == shape_.head_dim);
+  KVQ_ASSERT(c.n_kv_heads == shape_.n_kv_heads && c.n_heads == shape_.n_heads && c.head_dim == shape_.head_dim &&
+             c.v_dim() == shape_.v_dim());
   KVQ_ASSERT(c.layer >= 0 && c.layer < shape_.n_layers);
-  const int d = shape_.head_dim, gs = shape_.group_size();
+  const int d = shape_.head_dim, dv = shape_.v_dim(), gs = shape_.group_size();
   const int64_t n_tokens = int64_t(c.batch) * c.seq;
   MatD stage;
   for (int h = 0; h < shape_.n_kv_heads; ++h) {
     const size_t hi = size_t(c.layer) * shape_.n_kv_heads + h;
-    const size_t vo = hi * d, go = hi * d * d;
+    const size_t vo = hi * d, go = hi * d * d, vvo = hi * dv, vgo = hi * dv * dv;
     accumulate_rows(c.k + size_t(h) * d, n_tokens, int64_t(c.n_kv_heads) * d, 1, d, &k.count[hi], &k.sum[vo],
                     &k.gram[go], stage);
-    accumulate_rows(c.v + size_t(h) * d, n_tokens, int64_t(c.n_kv_heads) * d, 1, d, &v.count[hi], &v.sum[vo],
-                    &v.gram[go], stage);
+    accumulate_rows(c.v + size_t(h) * dv, n_tokens, int64_t(c.n_kv_heads) * dv, 1, dv, &v.count[hi], &v.sum[vvo],
+                    &v.gram[vgo], stage);
     // The group's query heads are adjacent in q: gs rows of d per token.
     accumulate_rows(c.q + size_t(h) * gs * d, n_tokens, int64_t(c.n_heads) * d, gs, d, &q.count[hi], &q.sum[vo],
                     &q.gram[go], stage);
@@ -138,7 +140,7 @@ void Moments::accumulate(const LayerCapture& c) {
     }
   const size_t lk = size_t(c.layer) * shape_.n_kv_heads, lq = size_t(c.layer) * shape_.n_heads;
   track_amax(c.k, n_tokens, c.seq, shape_.n_kv_heads, d, &cs, amax_pairing_, amax_rotary_dim_, &k_amax[lk]);
-  track_amax(c.v, n_tokens, c.seq, shape_.n_kv_heads, d, nullptr, amax_pairing_, amax_rotary_dim_, &v_amax[lk]);
+  track_amax(c.v, n_tokens, c.seq, shape_.n_kv_heads, dv, nullptr, amax_pairing_, amax_rotary_dim_, &v_amax[lk]);
   track_amax(c.q, n_tokens, c.seq, shape_.n_heads, d, &cs, amax_pairing_, amax_rotary_dim_, &q_amax[lq]);
 }
 

@@ -16,7 +16,12 @@ struct Shape {
   int n_layers = 0;
   int n_kv_heads = 0;
   int head_dim = 0;
+  int head_dim_v = 0;  // V's dim when it differs from K's (MLA's served cache); 0: head_dim
 
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  int dim(Side side) const { return side == Side::kV ? v_dim() : head_dim; }
+  // The one-side shape whose head_dim is that side's dim (what the per-side allocators take).
+  Shape for_side(Side side) const { return Shape{n_layers, n_kv_heads, dim(side), 0}; }
   int n_heads() const { return n_layers * n_kv_heads; }
   int layer_of(int index) const { return index / n_kv_heads; }
   int head_of(int index) const { return index % n_kv_heads; }
@@ -63,8 +68,9 @@ struct Allocation {
 uint64_t derive_seed(uint64_t base, int layer, int kv_head, Side side, uint64_t tag);
 
 
-// Fill code_bits_per_dim / effective_bpd / code_bits_used from the decisions.
-void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocSummary* s);
+// Fill code_bits_per_dim / effective_bpd / code_bits_used from the decisions. head_dim_v: the dim
+// of the V decisions when it differs (0: head_dim).
+void summarize_bits(const std::vector<HeadDecision>& heads, int head_dim, AllocSummary* s, int head_dim_v = 0);
 
 // Retired: a hand-kept copy of the packed layout's non-code bits (it charged low-rank tokens 0 bits
 // for their fp16 norm, KIVI nothing for its scales, and ignored padding). Ignored; the options

@@ -18,8 +18,8 @@ class KvCoder {
   // `source` (the allocation file) and the head.
   KvCoder(const ModelConfig& cfg, const std::vector<HeadDecision>& heads, const std::string& source);
 
-  // Codes n tokens of one layer in place. k and v are [n][n_kv_heads][head_dim] pre-RoPE (the
-  // LayerKv row layout); token t sits at positions[t]. Each token is coded on its own, so coding a
+  // Codes n tokens of one layer in place. k is [n][n_kv_heads][head_dim] pre-RoPE, v
+  // [n][n_kv_heads][v_dim()] (the LayerKv row layout); token t sits at positions[t]. Each token is coded on its own, so coding a
   // window at once equals coding each token once when it is written to a cache.
   void code(int layer, float* k, float* v, int n, const int64_t* positions) const;
 

@@ -20,10 +20,10 @@ inline constexpr const char* kAllocFormat = "kvq-allocation";
 // A file is written at the oldest version that holds its decisions (1 unless it has a minifloat
 // head, TQ heads with norm correction or an unrotated group: 2; an exact-codebook group or TQ heads
 // that differ in norm correction: 3; compact group norms: 4; a manifest too large for an attribute:
-// 5), so
+// 5; K and V of different dims or a recorded softmax scale: 6), so
 // kvq builds that read only older versions still read every file they can understand and refuse
 // the others by version; files without the newer fields keep their bytes.
-inline constexpr int64_t kAllocVersion = 5;
+inline constexpr int64_t kAllocVersion = 6;
 inline constexpr int64_t kAllocOldestVersion = 1;
 inline constexpr int64_t kAllocMinifloatVersion = 2;
 inline constexpr int64_t kAllocNormCorrectionVersion = 2;
@@ -43,6 +43,10 @@ inline constexpr int64_t kAllocCompactNormsVersion = 4;
 // so smaller files keep their bytes. A version-4 reader looks for the attribute and would fail
 // with "attribute missing"; the bump makes it say a newer kvq wrote the file instead.
 inline constexpr int64_t kAllocManifestDatasetVersion = 5;
+// manifest.calibration's "head_dim_v" (V decisions at that dim: MLA's served cache, K 576, V 512)
+// and "softmax_scale" (every logit metric's scale): written only when they differ from head_dim and
+// 1/sqrt(head_dim), refused in 1..5 (a version-5 reader would read the V heads at head_dim).
+inline constexpr int64_t kAllocKvDimsVersion = 6;
 inline constexpr size_t kAllocManifestAttrMax = 60000;          // HDF5's limit is 64 KiB per header message
 inline constexpr size_t kAllocManifestMaxBytes = size_t(1) << 30;  // what a reader accepts
 

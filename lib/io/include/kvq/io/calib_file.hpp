@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvq/corpus/corpus.hpp"
+#include "kvq/format/decision.hpp"
 #include "kvq/model/config.hpp"
 #include "kvq/stats/moments.hpp"
 #include "kvq/io/calib_versions.hpp"
@@ -28,6 +29,14 @@ struct CalibProvenance {
   std::vector<double> rope_inv_freq;  // [rotary_dim / 2]
   double rope_attention_factor = 1.0;
   int head_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0;
+  // MLA's served cache: a value dim unlike the key's and a logit scale other than 1/sqrt(head_dim)
+  // (version 5; absent in older files and whenever they are the defaults, so those keep their bytes).
+  int head_dim_v = 0;          // 0: head_dim
+  double softmax_scale = 0.0;  // 0: 1/sqrt(head_dim)
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
+  double attn_scale() const;   // softmax_scale, else 1/sqrt(head_dim): every softmax over q.k uses it
+  // True when the file needs version 5 (a value dim or a scale of its own).
+  bool has_kv_dims() const { return v_dim() != head_dim || softmax_scale > 0.0; }
   std::vector<int> gqa_map;  // query head -> KV head
   // Attention window per layer (0 = full causal; W > 0: query t sees keys t-W < j <= t). Empty = all
   // full (files written before it was recorded).
@@ -60,19 +69,19 @@ struct Reservoir {
   int64_t seen = 0;                      // tokens offered so far
   std::array<uint64_t, 4> rng_state{};   // generator state, so a resume continues the draw
   std::vector<int64_t> source;           // [n][2]: (calibration window index, position)
-  payload::FloatVector q, k, v;          // [n][L][n_heads|n_kv_heads][d]
+  payload::FloatVector q, k, v;          // [n][L][n_heads|n_kv_heads][d] (v: the value dim)
   int64_t size() const { return int64_t(source.size() / 2); }
 };
 
 struct Holdout {
   std::vector<int64_t> ids;        // [M][T]
   std::vector<int64_t> positions;  // [T]
-  payload::FloatVector q, k, v;    // [L][M][T][n_heads|n_kv_heads][d], pre-RoPE
+  payload::FloatVector q, k, v;    // [L][M][T][n_heads|n_kv_heads][d], pre-RoPE (v: the value dim)
   int windows = 0;
 };
 
 struct CalibFile {
-  int64_t format_version = kCalibAttrProvenanceVersion;  // as read; written at 3, or 4 for a large provenance
+  int64_t format_version = kCalibAttrProvenanceVersion;  // as read; written at 3, 4 for a large provenance, 5 for kv dims
   CalibProvenance prov;
   Moments moments;
   std::vector<int64_t> calib_offsets;    // token-stream offsets of the calibration windows
@@ -85,6 +94,10 @@ struct CalibFile {
   MomentShape shape() const { return moments.shape(); }
   bool complete() const { return windows_done == int64_t(calib_offsets.size()); }
 };
+
+// A side's row dim: head_dim for K, the value dim for V (they differ for MLA's served cache).
+inline int side_dim(const MomentShape& s, Side side) { return side == Side::kV ? s.v_dim() : s.head_dim; }
+inline int side_dim(const CalibProvenance& p, Side side) { return side == Side::kV ? p.v_dim() : p.head_dim; }
 
 // Turns on amax tracking in `m` with the RoPE the provenance records (the windows' own).
 inline void track_amax_with(Moments& m, const CalibProvenance& p) {

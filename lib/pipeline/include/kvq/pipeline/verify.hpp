@@ -31,12 +31,14 @@ struct VerifyOptions {
 struct Metrics {
   // Every figure but NMSE counts only the (query, key) pairs the model attends: causal, and within
   // the layer's sliding window (provenance layer_window) when it has one.
-  double logit_mae = 0;   // |q.k - q.k^| / sqrt(d), attended pairs, post-RoPE, true positions
+  // |q.k - q.k^| * scale (the recorded softmax_scale, MLA's; else 1/sqrt(d)), attended pairs,
+  // post-RoPE, true positions
+  double logit_mae = 0;
   double kl = 0;          // softmax KL(p || p~) per query, mean
   double top10 = 0;       // |top10(p) ∩ top10(p~)| / min(10, keys), mean over queries
   double nmse_k = 0;      // sum |k - k^|^2 / sum |k|^2
   double nmse_v = 0;
-  double out_rel_err = 0; // |P V - P~ V^|^2 / |P V|^2, attention output with both K^ and V^
+  double out_rel_err = 0; // |P V - P~ V^|^2 / |P V|^2, attention output with both K^ and V^ (V at its own dim)
 };
 
 struct CodedReport {
@@ -57,6 +59,7 @@ struct GpuCheck {
   static constexpr double kDecodeTolerance = 2e-5;
   static constexpr double kAttentionTolerance = 2e-4;
   bool ran = false;
+  std::string skipped;                       // why a present GPU was not used (head dims over its limit); "" otherwise
   std::string device;                        // the GPU's name
   int64_t k_head_windows = 0, v_head_windows = 0;  // (layer, KV head, window) checked per side
   int64_t tokens = 0;                        // token rows encoded on the GPU, both sides

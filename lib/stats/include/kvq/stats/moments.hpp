@@ -13,27 +13,34 @@ namespace kvq {
 
 struct MomentShape {
   int n_layers = 0, n_kv_heads = 0, n_heads = 0, head_dim = 0;
+  int head_dim_v = 0;  // V rows' dim when it differs from head_dim (MLA's served cache); 0: head_dim
+  int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   int group_size() const { return n_heads / n_kv_heads; }
   size_t heads() const { return size_t(n_layers) * size_t(n_kv_heads); }
   bool operator==(const MomentShape& o) const {
-    return n_layers == o.n_layers && n_kv_heads == o.n_kv_heads && n_heads == o.n_heads && head_dim == o.head_dim;
+    return n_layers == o.n_layers && n_kv_heads == o.n_kv_heads && n_heads == o.n_heads && head_dim == o.head_dim &&
+           v_dim() == o.v_dim();
   }
 };
 
 // Sums for one side (K, V, or the group's queries), over all (layer, KV head), flat row-major:
-// count [L][H], sum [L][H][d], gram [L][H][d][d] (full symmetric matrix).
+// count [L][H], sum [L][H][d], gram [L][H][d][d] (full symmetric matrix). d is the side's own dim:
+// head_dim for K and Q, the shape's v_dim() for V.
 struct SideMoments {
   std::vector<int64_t> count;
   std::vector<double> sum;
   std::vector<double> gram;
+  int dim = 0;  // this side's row dim; 0: the shape's head_dim
 
-  void resize(const MomentShape& s);
+  void resize(const MomentShape& s, int d = 0);
   void add(const SideMoments& o);
+  int dim_of(const MomentShape& s) const { return dim > 0 ? dim : s.head_dim; }
   const double* sum_of(const MomentShape& s, int layer, int head) const {
-    return sum.data() + (size_t(layer) * s.n_kv_heads + head) * s.head_dim;
+    return sum.data() + (size_t(layer) * s.n_kv_heads + head) * size_t(dim_of(s));
   }
   const double* gram_of(const MomentShape& s, int layer, int head) const {
-    return gram.data() + (size_t(layer) * s.n_kv_heads + head) * s.head_dim * s.head_dim;
+    const size_t d = size_t(dim_of(s));
+    return gram.data() + (size_t(layer) * s.n_kv_heads + head) * d * d;
   }
   int64_t count_of(const MomentShape& s, int layer, int head) const {
     return count[size_t(layer) * s.n_kv_heads + head];
