@@ -187,7 +187,7 @@ TEST(Perplexity, SlidingWindowsScoreEveryTokenOnce) {
   auto ids = psalm_ids(200);
   std::vector<int32_t> text(ids.begin() + 1, ids.end());  // 199 text tokens
   PplOptions o;
-  o.bos_id = 1;
+  o.prefix = {1};
   o.quiet = true;
   // One window holding everything: the single-window NLL of generate.hpp.
   o.window = 200;
@@ -229,7 +229,7 @@ TEST(Perplexity, WithoutBosEveryTokenButTheFirstIsScoredOnce) {
   auto ids = psalm_ids(130);
   std::vector<int32_t> text(ids.begin() + 1, ids.end());  // 129 text tokens
   PplOptions o;
-  o.bos_id = -1;
+  o.prefix = {};
   o.quiet = true;
   o.window = 129;
   o.stride = 64;
