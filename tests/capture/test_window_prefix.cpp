@@ -110,7 +110,9 @@ TEST(WindowPrefix, ChatglmCaptureStartsEveryWindowWithGmaskSop) {
   for (size_t i = 0; i < all.size(); ++i) {
     EXPECT_EQ(all[i] % slot, 0) << all[i];
     EXPECT_LE(all[i] + slot, int64_t(bytes.size()));
-    if (i) EXPECT_GT(all[i], all[i - 1]);
+    if (i > 0) {
+      EXPECT_GT(all[i], all[i - 1]);
+    }
   }
 
   // --resume of the finished file plans the same windows; a file recording another prefix is refused.

@@ -446,9 +446,21 @@ TEST(LayerPrecisionCli, MseObjectiveEqualsBruteForce) {
     const auto a = kvq::read_alloc(kvq::test::pipeline::allocate(
         cal, "--method layer-precision --bpd " + std::to_string(bpd) + " --formats fp8,nvfp4,fp8_k_nvfp4_v --objective mse",
         "lpmse"));
-    EXPECT_EQ(a.params.value("layer_formats", std::string()), best_names);
+    // The allocation's per-layer pair, named from its heads' formats (every head of a side agrees).
+    std::vector<int> kf(size_t(L), -1), vf(size_t(L), -1);
     double total = 0;
-    for (const auto& h : a.heads) total += h.predicted_distortion;
+    for (const auto& h : a.heads) {
+      ASSERT_EQ(h.kind, kvq::CodingKind::kMinifloat);
+      const int f = h.minifloat == F::kFp8E4M3 ? 0 : 1;
+      int& slot = (h.side == kvq::Side::kK ? kf : vf)[size_t(h.layer)];
+      EXPECT_TRUE(slot < 0 || slot == f) << "layer " << h.layer;
+      slot = f;
+      total += h.predicted_distortion;
+    }
+    std::string got;
+    for (int l = 0; l < L; ++l)
+      got += std::string(l ? "," : "") + (kf[size_t(l)] == vf[size_t(l)] ? names[kf[size_t(l)]] : kf[size_t(l)] == 0 ? "fp8_k_nvfp4_v" : "nvfp4_k_fp8_v");
+    EXPECT_EQ(got, best_names);
     EXPECT_NEAR(total, best, 1e-7 * best);
     distinct += best_names != previous;
     previous = best_names;
