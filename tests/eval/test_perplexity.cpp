@@ -6,6 +6,7 @@
 
 #include <c10/core/InferenceMode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -187,7 +188,7 @@ TEST(Perplexity, SlidingWindowsScoreEveryTokenOnce) {
   auto ids = psalm_ids(200);
   std::vector<int32_t> text(ids.begin() + 1, ids.end());  // 199 text tokens
   PplOptions o;
-  o.bos_id = 1;
+  o.prefix = {1};
   o.quiet = true;
   // One window holding everything: the single-window NLL of generate.hpp.
   o.window = 200;
@@ -229,7 +230,7 @@ TEST(Perplexity, WithoutBosEveryTokenButTheFirstIsScoredOnce) {
   auto ids = psalm_ids(130);
   std::vector<int32_t> text(ids.begin() + 1, ids.end());  // 129 text tokens
   PplOptions o;
-  o.bos_id = -1;
+  o.prefix = {};
   o.quiet = true;
   o.window = 129;
   o.stride = 64;
@@ -249,6 +250,56 @@ TEST(Perplexity, WithoutBosEveryTokenButTheFirstIsScoredOnce) {
   }
   EXPECT_EQ(dis.tokens, 128);
   EXPECT_NEAR(dis.nll_sum, sum, 1e-6 * sum);
+}
+
+// A two-token prefix (GLM-4's [gMASK] <sop>; here ids 1 and 5 of the demo model): windows are the
+// prefix + window - 2 text tokens, every text token is scored once, the prefix's second token never.
+// Truth: independent windows (stride window - 2) from generate.hpp's single-window mean NLL, less
+// the prefix's own term.
+TEST(Perplexity, TwoTokenPrefixScoresEveryTextTokenOnce) {
+  const Model& m = demo();
+  auto ids = psalm_ids(101);
+  std::vector<int32_t> text(ids.begin() + 1, ids.end());  // 100 text tokens
+  PplOptions o;
+  o.prefix = {1, 5};
+  o.quiet = true;
+  o.window = 34;
+  o.stride = 32;
+  const PplResult dis = sliding_perplexity(m, text, o, nullptr);
+  const double prefix_term = window_nll(m, {1, 5});  // NLL of 5 after 1: in every window, never scored
+  double sum = 0;
+  int64_t windows = 0;
+  for (size_t b = 0; b < text.size(); b += 32) {
+    std::vector<int64_t> w{1, 5};
+    for (size_t t = b; t < std::min(text.size(), b + 32); ++t) w.push_back(text[t]);
+    sum += window_nll(m, w) * double(w.size() - 1) - prefix_term;
+    ++windows;
+  }
+  EXPECT_EQ(dis.tokens, 100);
+  EXPECT_EQ(dis.windows, windows);
+  EXPECT_NEAR(dis.nll_sum, sum, 1e-6 * sum);
+  // One window holding everything.
+  o.window = 102;
+  o.stride = 50;
+  const PplResult one = sliding_perplexity(m, text, o, nullptr);
+  std::vector<int64_t> all{1, 5};
+  all.insert(all.end(), text.begin(), text.end());
+  EXPECT_EQ(one.windows, 1);
+  EXPECT_NEAR(one.nll_sum, window_nll(m, all) * 101.0 - prefix_term, 1e-6 * one.nll_sum);
+  // Stride window - 1 would skip a text token per window; a window no longer than the prefix holds none.
+  auto msg = [&](PplOptions x) {
+    try {
+      sliding_perplexity(m, text, x, nullptr);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  o.window = 34, o.stride = 33;
+  EXPECT_NE(msg(o).find("--stride"), std::string::npos) << msg(o);
+  EXPECT_NE(msg(o).find("window - 2 = 32"), std::string::npos) << msg(o);
+  o.window = 2, o.stride = 1;
+  EXPECT_NE(msg(o).find("--window"), std::string::npos) << msg(o);
 }
 
 TEST(Perplexity, BadWindowsAreUserErrors) {

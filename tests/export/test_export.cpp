@@ -357,12 +357,23 @@ constexpr MinifloatFormat kF8 = MinifloatFormat::kFp8E4M3, kF4 = MinifloatFormat
 TEST(ModelOpt, UniformAndMixed) {
   const json u = modelopt_config_json(layer_precision({kF8, kF8, kF8}));
   EXPECT_EQ(u["producer"]["name"], "kvq");
-  EXPECT_EQ(u["quantization"], (json{{"quant_algo", nullptr}, {"kv_cache_quant_algo", "FP8"}}));
+  // ModelOpt's KV-cache-only export (Model-Optimizer tests/unit/torch/export/test_get_quantization.py):
+  // an empty weight-layer map and the per-layer KV map even when every layer agrees.
+  EXPECT_EQ(u["quantization"],
+            (json{{"quant_algo", nullptr},
+                  {"quantized_layers", json::object()},
+                  {"kv_cache_quant_algo", "FP8"},
+                  {"kv_cache_quantized_layers",
+                   {{"model.layers.0.self_attn", {{"quant_algo", "FP8"}}},
+                    {"model.layers.1.self_attn", {{"quant_algo", "FP8"}}},
+                    {"model.layers.2.self_attn", {{"quant_algo", "FP8"}}}}},
+                  {"kv_cache_schema_version", 1}}));
   const json u4 = modelopt_config_json(layer_precision({kF4, kF4}));
   EXPECT_EQ(u4["quantization"]["kv_cache_quant_algo"], "NVFP4");
 
   const json m = modelopt_config_json(layer_precision({kF8, kF4, kF8, kF4, kF4}));
   const json expected = {{"quant_algo", nullptr},
+                         {"quantized_layers", json::object()},
                          {"kv_cache_quant_algo", "MIXED_PRECISION"},
                          {"kv_cache_quantized_layers",
                           {{"model.layers.0.self_attn", {{"quant_algo", "FP8"}}},
@@ -428,7 +439,10 @@ TEST(ExportSchemas, OutputsValidateAndSchemasAreStrict) {
   bad["quantization"].erase("kv_cache_schema_version");
   EXPECT_NE(validate_doc(bad, "modelopt-hf-quant-config.schema.json"), 0);
   bad = uni;
-  bad["quantization"]["kv_cache_quantized_layers"] = mixed["quantization"]["kv_cache_quantized_layers"];
+  bad["quantization"].erase("kv_cache_quantized_layers");
+  EXPECT_NE(validate_doc(bad, "modelopt-hf-quant-config.schema.json"), 0);
+  bad = uni;
+  bad["quantization"]["quantized_layers"]["model.layers.0.self_attn.q_proj"] = {{"quant_algo", "FP8"}};
   EXPECT_NE(validate_doc(bad, "modelopt-hf-quant-config.schema.json"), 0);
   bad = mixed;
   bad["quantization"]["kv_cache_quantized_layers"]["model.layers.0.self_attn"]["quant_algo"] = "INT8";

@@ -308,12 +308,9 @@ TEST(ExportModelDir, ModelOptDirectory) {
     layers["model.layers." + std::to_string(l) + ".self_attn"] = {{"quant_algo", algo}};
   }
   const json q = json::parse(kvq::read_file(out + "/hf_quant_config.json"))["quantization"];
-  if (algos.size() == 1) {
-    EXPECT_EQ(q["kv_cache_quant_algo"], *algos.begin());
-  } else {
-    EXPECT_EQ(q["kv_cache_quant_algo"], "MIXED_PRECISION");
-    EXPECT_EQ(q["kv_cache_quantized_layers"], layers);
-  }
+  EXPECT_EQ(q["kv_cache_quant_algo"], algos.size() == 1 ? *algos.begin() : std::string("MIXED_PRECISION"));
+  EXPECT_EQ(q["kv_cache_quantized_layers"], layers);  // every layer, as ModelOpt's KV-only export writes
+  EXPECT_EQ(q["quantized_layers"], json::object());
   EXPECT_TRUE(algos.count("FP8_K_NVFP4_V")) << "the allocation at 6.25 bits should use the per-side pair";
   if (have_jsonschema()) {
     validate(out + "/hf_quant_config.json", "modelopt-hf-quant-config.schema.json");
@@ -485,6 +482,7 @@ TEST(ExportModelDir, ModelOptPerSideAlgorithms) {
   const json mixed = kvq::exporter::modelopt_config_json(alloc({{F8, F8}, {F8, F4}, {F4, F4}}));
   EXPECT_EQ(mixed["quantization"],
             (json{{"quant_algo", nullptr},
+                  {"quantized_layers", json::object()},
                   {"kv_cache_quant_algo", "MIXED_PRECISION"},
                   {"kv_cache_quantized_layers",
                    {{"model.layers.0.self_attn", {{"quant_algo", "FP8"}}},
@@ -492,7 +490,14 @@ TEST(ExportModelDir, ModelOptPerSideAlgorithms) {
                     {"model.layers.2.self_attn", {{"quant_algo", "NVFP4"}}}}},
                   {"kv_cache_schema_version", 1}}));
   const json uniform = kvq::exporter::modelopt_config_json(alloc({{F8, F4}, {F8, F4}}));
-  EXPECT_EQ(uniform["quantization"], (json{{"quant_algo", nullptr}, {"kv_cache_quant_algo", "FP8_K_NVFP4_V"}}));
+  EXPECT_EQ(uniform["quantization"],
+            (json{{"quant_algo", nullptr},
+                  {"quantized_layers", json::object()},
+                  {"kv_cache_quant_algo", "FP8_K_NVFP4_V"},
+                  {"kv_cache_quantized_layers",
+                   {{"model.layers.0.self_attn", {{"quant_algo", "FP8_K_NVFP4_V"}}},
+                    {"model.layers.1.self_attn", {{"quant_algo", "FP8_K_NVFP4_V"}}}}},
+                  {"kv_cache_schema_version", 1}}));
   // Scales: the max over heads of amax / 448; FP8 heads' scale is amax/448, NVFP4's amax/(448*6).
   const auto t = kvq::exporter::modelopt_tensors(alloc({{F8, F4}}));
   ASSERT_EQ(t.size(), 2u);

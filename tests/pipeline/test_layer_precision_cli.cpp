@@ -364,4 +364,108 @@ TEST(LayerPrecisionCli, HeadCostsAreTheObjectivesFormulas) {
   }
 }
 
+// --objective mse keeps the choice layer-precision made before the attention objective existed:
+// the assignment of a (K, V) format pair to each layer with the least total reservoir MSE under the
+// budget. Truth: every one of the 3^4 assignments of the demo model's 4 layers, its MSE summed from
+// per-head figures recomputed here (rows coded with the scale amax / 448 or amax / (448 * 6), K
+// post-RoPE), its bits from schemas/packed-layout.md (FP8 d bytes, NVFP4 d/16 + d/2 bytes per head).
+TEST(LayerPrecisionCli, MseObjectiveEqualsBruteForce) {
+  const std::string cal = demo_cal();
+  if (cal.empty()) GTEST_SKIP() << "needs `bible` (Debian bible-kjv)";
+  const kvq::CalibFile c = kvq::read_calib(cal);
+  const auto& p = c.prov;
+  const int L = p.n_layers, H = p.n_kv_heads, d = p.head_dim;
+  ASSERT_EQ(d % 16, 0);
+  const int64_t n = std::min<int64_t>(c.reservoir.size(), 1024);
+  kvq::codec::RopeSpec rope;
+  rope.enabled = true;
+  rope.theta = p.rope_theta;
+  rope.rotary_dim = p.rotary_dim;
+  rope.pairing = p.pairing;
+  rope.inv_freq = p.rope_inv_freq;
+  rope.attention_factor = p.rope_attention_factor;
+  using F = kvq::MinifloatFormat;
+  const F fmts[2] = {F::kFp8E4M3, F::kNvfp4};
+  // mse[side][layer][head][format]
+  std::vector<double> mse(size_t(2 * L * H * 2));
+  auto at = [&](int s, int l, int h, int f) -> double& { return mse[size_t(((s * L + l) * H + h) * 2 + f)]; };
+  for (int s = 0; s < 2; ++s)
+    for (int l = 0; l < L; ++l)
+      for (int h = 0; h < H; ++h) {
+        std::vector<float> x;
+        for (int64_t t = 0; t < n; ++t) {
+          const auto& src = s == 0 ? c.reservoir.k : c.reservoir.v;
+          const size_t o = ((size_t(t) * size_t(L) + size_t(l)) * size_t(H) + size_t(h)) * size_t(d);
+          std::vector<float> r(src.begin() + long(o), src.begin() + long(o) + d);
+          if (s == 0) kvq::codec::reference_apply_rope(r.data(), d, c.reservoir.source[size_t(2 * t + 1)], rope);
+          x.insert(x.end(), r.begin(), r.end());
+        }
+        const double amax = (s == 0 ? c.moments.k_amax : c.moments.v_amax)[size_t(l * H + h)];
+        for (int f = 0; f < 2; ++f) {
+          kvq::HeadDecision dec;
+          dec.layer = l;
+          dec.kv_head = h;
+          dec.side = s == 0 ? kvq::Side::kK : kvq::Side::kV;
+          dec.kind = kvq::CodingKind::kMinifloat;
+          dec.post_rope = s == 0;
+          dec.minifloat = fmts[f];
+          dec.scale = float(amax / (448.0 * (f == 0 ? 1.0 : 6.0)));
+          std::vector<float> y(x.size());
+          kvq::codec::HeadCodec(dec, d).round_trip(x.data(), int(n), y.data());
+          double se = 0;
+          for (size_t i = 0; i < x.size(); ++i) se += (double(y[i]) - x[i]) * (double(y[i]) - x[i]);
+          at(s, l, h, f) = se / double(n);
+        }
+      }
+  // Per-head bits per token: FP8 d bytes; NVFP4 d/16 scale bytes + d/2 code bytes.
+  const int64_t bits[2] = {int64_t(d) * 8, (int64_t(d) / 16 + int64_t(d) / 2) * 8};
+  const std::pair<int, int> pairs[3] = {{0, 0}, {1, 1}, {0, 1}};  // fp8, nvfp4, fp8_k_nvfp4_v
+  const char* names[3] = {"fp8", "nvfp4", "fp8_k_nvfp4_v"};
+  int distinct = 0;
+  std::string previous;
+  for (const double bpd : {4.5, 5.2, 6.25, 6.6, 7.4, 8.0}) {
+    SCOPED_TRACE("bpd " + std::to_string(bpd));
+    const double limit = bpd * L * 2 * H * d;
+    double best = std::numeric_limits<double>::infinity();
+    std::string best_names;
+    int64_t count = 1;
+    for (int l = 0; l < L; ++l) count *= 3;
+    for (int64_t m = 0; m < count; ++m) {
+      int64_t code = m, b = 0;
+      double dist = 0;
+      std::string nm;
+      for (int l = 0; l < L; ++l, code /= 3) {
+        const auto [fk, fv] = pairs[code % 3];
+        b += H * (bits[fk] + bits[fv]);
+        for (int h = 0; h < H; ++h) dist += at(0, l, h, fk) + at(1, l, h, fv);
+        nm += std::string(l ? "," : "") + names[code % 3];
+      }
+      if (double(b) <= limit && dist < best) best = dist, best_names = nm;
+    }
+    ASSERT_TRUE(std::isfinite(best));
+    const auto a = kvq::read_alloc(kvq::test::pipeline::allocate(
+        cal, "--method layer-precision --bpd " + std::to_string(bpd) + " --formats fp8,nvfp4,fp8_k_nvfp4_v --objective mse",
+        "lpmse"));
+    // The allocation's per-layer pair, named from its heads' formats (every head of a side agrees).
+    std::vector<int> kf(size_t(L), -1), vf(size_t(L), -1);
+    double total = 0;
+    for (const auto& h : a.heads) {
+      ASSERT_EQ(h.kind, kvq::CodingKind::kMinifloat);
+      const int f = h.minifloat == F::kFp8E4M3 ? 0 : 1;
+      int& slot = (h.side == kvq::Side::kK ? kf : vf)[size_t(h.layer)];
+      EXPECT_TRUE(slot < 0 || slot == f) << "layer " << h.layer;
+      slot = f;
+      total += h.predicted_distortion;
+    }
+    std::string got;
+    for (int l = 0; l < L; ++l)
+      got += std::string(l ? "," : "") + (kf[size_t(l)] == vf[size_t(l)] ? names[kf[size_t(l)]] : kf[size_t(l)] == 0 ? "fp8_k_nvfp4_v" : "nvfp4_k_fp8_v");
+    EXPECT_EQ(got, best_names);
+    EXPECT_NEAR(total, best, 1e-7 * best);
+    distinct += best_names != previous;
+    previous = best_names;
+  }
+  EXPECT_GE(distinct, 3);  // the budgets reach different choices, not one answer six times
+}
+
 }  // namespace

@@ -66,6 +66,17 @@ void check_resumable(const std::string& out, const CalibFile& old, const CalibPr
   num("seq_len", p.seq_len, want.seq_len);
   num("batch_size", p.batch_size, want.batch_size);
   num("reservoir_tokens", p.reservoir_tokens, want.reservoir_tokens);
+  // A file from before the prefix was recorded: its window_bos gives the prefix's length.
+  const std::vector<int> now = want.window_prefix.value_or(std::vector<int>{});
+  if (p.window_prefix ? *p.window_prefix != now : p.window_prefix_size() != now.size()) {
+    auto ids = [](const std::vector<int>& v) {
+      std::string s = "[";
+      for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+      return s + "]";
+    };
+    mismatch("provenance.window_prefix",
+             p.window_prefix ? ids(*p.window_prefix) : std::string(p.window_bos ? "[BOS]" : "[]"), ids(now));
+  }
   if (old.calib_offsets != offsets) throw Error(out, h5path::kCalibOffsets, "cannot resume: window plan differs");
 }
 
@@ -111,9 +122,16 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   const std::string corpus_name = o.corpus.size() == 1 ? o.corpus[0] : "corpus";
   if (in->stream.empty()) throw Error(corpus_name, "--corpus", "corpus is empty (no tokens)");
-  // Windows start with BOS where the tokenizer's rule adds one (Qwen's adds none).
-  in->plan = plan_windows(int64_t(in->stream.size()), o.seq_len, o.samples, o.holdout, o.seed,
-                          tok->adds_bos() ? cfg.bos_id : -1, corpus_name);
+  // Windows start as the tokenizer's sequences do: Llama [BOS], Qwen nothing, GLM-4 [gMASK] <sop>.
+  const std::vector<int> prefix = tok->prefix_ids();
+  for (int id : prefix)
+    if (id < 0 || id >= cfg.vocab_size)
+      throw Error(tok_path, "prefix", "token id " + std::to_string(id) + " is outside the model's vocabulary (" +
+                                          std::to_string(cfg.vocab_size) + ")");
+  if (tok->adds_bos() && cfg.bos_id >= 0 && prefix != std::vector<int>{cfg.bos_id})
+    spdlog::warn("the tokenizer's BOS {} is not config.json's bos_token_id {}: windows start with the tokenizer's",
+                 prefix.empty() ? -1 : prefix[0], cfg.bos_id);
+  in->plan = plan_windows(int64_t(in->stream.size()), o.seq_len, o.samples, o.holdout, o.seed, prefix, corpus_name);
 
   const int64_t wb = o.window_begin, we = o.window_end < 0 ? o.samples : o.window_end;
   if (wb < 0 || we > o.samples || wb >= we)
@@ -150,6 +168,7 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   prov.special_tokens_mode = to_string(mode);
   prov.special_tokens_matched = special_matched;
   prov.window_bos = tok->adds_bos();
+  prov.window_prefix = prefix;
   prov.seed = o.seed;
   prov.samples = int(in->offsets.size());
   prov.holdout = o.holdout;

@@ -115,11 +115,19 @@ std::vector<int32_t> tokenize_corpus(const CorpusText& c,
 }
 
 WindowPlan plan_windows(int64_t n_tokens, int seq_len, int samples, int holdout, uint64_t seed,
-                        int bos_id, const std::string& corpus_name) {
+                        const std::vector<int>& prefix, const std::string& corpus_name) {
   if (seq_len < 2) throw Error("", "--seq-len", "must be at least 2, got " + std::to_string(seq_len));
+  if (int64_t(seq_len) <= int64_t(prefix.size()))
+    throw Error("", "--seq-len",
+                std::to_string(seq_len) + " leaves no corpus token after the tokenizer's " +
+                    std::to_string(prefix.size()) + "-token prefix");
   if (samples < 1) throw Error("", "--samples", "must be at least 1, got " + std::to_string(samples));
   if (holdout < 0) throw Error("", "--holdout", "must be >= 0, got " + std::to_string(holdout));
-  const int64_t slot = bos_id >= 0 ? seq_len - 1 : seq_len;  // no BOS: the window is all corpus
+  WindowPlan p;
+  p.seq_len = seq_len;
+  p.prefix = prefix;
+  p.seed = seed;
+  const int64_t slot = p.slot();
   const int64_t n_slots = n_tokens / slot;
   const int64_t need = int64_t(samples) + holdout;
   if (n_slots < need)
@@ -134,19 +142,15 @@ WindowPlan plan_windows(int64_t n_tokens, int seq_len, int samples, int holdout,
     int64_t j = i + int64_t(rng.below(uint64_t(n_slots - i)));
     std::swap(idx[size_t(i)], idx[size_t(j)]);
   }
-  WindowPlan p;
-  p.seq_len = seq_len;
-  p.bos_id = bos_id;
-  p.seed = seed;
   for (int64_t i = 0; i < need; ++i) (i < samples ? p.calib : p.holdout).push_back(idx[size_t(i)] * slot);
   return p;
 }
 
 void window_ids(const std::vector<int32_t>& stream, const WindowPlan& plan, int64_t offset, int64_t* out) {
-  const int head = plan.bos_id >= 0 ? 1 : 0;
-  KVQ_ASSERT(offset >= 0 && offset + plan.seq_len - head <= int64_t(stream.size()));
-  if (head) out[0] = plan.bos_id;
-  for (int t = head; t < plan.seq_len; ++t) out[t] = stream[size_t(offset + t - head)];
+  const int64_t head = int64_t(plan.prefix.size());
+  KVQ_ASSERT(offset >= 0 && offset + plan.slot() <= int64_t(stream.size()));
+  for (int64_t t = 0; t < head; ++t) out[t] = plan.prefix[size_t(t)];
+  for (int64_t t = head; t < plan.seq_len; ++t) out[t] = stream[size_t(offset + t - head)];
 }
 
 }  // namespace kvq

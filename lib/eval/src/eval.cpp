@@ -1,5 +1,6 @@
 #include "kvq/eval/eval.hpp"
 
+#include <spdlog/spdlog.h>
 
 #include <cmath>
 #include <cstdio>
@@ -130,7 +131,18 @@ EvalReport run_eval(const EvalOptions& o) {
   PplOptions po;
   po.window = r.window;
   po.stride = r.stride;
-  po.bos_id = tok->adds_bos() ? tok->bos_id() : -1;  // Qwen's tokenizer adds none
+  // Windows start as the calibration's did: the prefix its provenance records (GLM-4 [gMASK] <sop>),
+  // else the tokenizer's (Llama [BOS], Qwen nothing).
+  po.prefix = tok->prefix_ids();
+  if (!calib_path.empty() && calib.prov.window_prefix && *calib.prov.window_prefix != po.prefix) {
+    spdlog::warn("{} records windows starting with {} token(s), the tokenizer's prefix has {}: using the recorded one",
+                 calib_path, calib.prov.window_prefix->size(), po.prefix.size());
+    po.prefix = *calib.prov.window_prefix;
+  }
+  for (int id : po.prefix)
+    if (id < 0 || id >= cfg.vocab_size)
+      throw Error(calib_path.empty() ? text_name : calib_path, "window_prefix",
+                  "token id " + std::to_string(id) + " is outside the model's vocabulary");
   po.policy = o.policy;
   po.quiet = o.quiet;
 

@@ -63,8 +63,8 @@ OverlapReport check_disjoint(const std::vector<int32_t>& text, const std::string
   OverlapReport r;
   r.text_tokens = int64_t(text.size());
   r.calib_windows = int64_t(c.calib_offsets.size());
-  // each window is BOS + `slot` stream tokens, or `slot` = seq_len tokens without a BOS
-  const int64_t slot = int64_t(c.prov.seq_len) - (c.prov.window_bos ? 1 : 0);
+  // each window is the recorded prefix + `slot` stream tokens
+  const int64_t slot = int64_t(c.prov.seq_len) - int64_t(c.prov.window_prefix_size());
   const int n = int(std::min<int64_t>(ngram, int64_t(text.size())));
   r.ngram = n;
   if (n <= 0) return r;

@@ -119,12 +119,19 @@ PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, c
   if (W < 2 || W > m.config().max_seq_len)
     throw Error("", "--window", std::to_string(W) + " is not in [2, " + std::to_string(m.config().max_seq_len) +
                                     "] (the model's maximum sequence length)");
-  if (S < 1 || S > W - 1)
-    throw Error("", "--stride", std::to_string(S) + " is not in [1, window - 1 = " + std::to_string(W - 1) + "]");
+  const int P = int(o.prefix.size());
+  if (P >= W)
+    throw Error("", "--window", std::to_string(W) + " leaves no text token after the tokenizer's " + std::to_string(P) +
+                                    "-token prefix");
+  // A window holds W - P text tokens; a longer stride would skip some.
+  const int max_stride = W - std::max(1, P);
+  if (S < 1 || S > max_stride)
+    throw Error("", "--stride", std::to_string(S) + " is not in [1, window - " + std::to_string(std::max(1, P)) +
+                                    " = " + std::to_string(max_stride) + "]");
   if (o.policy.sink < 0 || o.policy.recent < 0)
     throw Error("", o.policy.sink < 0 ? "--sink" : "--recent", "must be >= 0");
   if (text.empty()) throw Error("", "text", "no tokens to score");
-  if (o.bos_id < 0 && text.size() < 2)
+  if (P == 0 && text.size() < 2)
     throw Error("", "text", "one token and no BOS (the tokenizer adds none): nothing to score");
 
   struct Win {
@@ -134,14 +141,13 @@ PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, c
   std::vector<Win> wins;
   const int64_t n = int64_t(text.size());
   for (int64_t begin = 0, prev_end = 0;; begin += S) {
-    const bool bos = o.bos_id >= 0;
-    const int64_t end = std::min(begin + W - (bos ? 1 : 0), n);
+    const int64_t end = std::min(begin + W - P, n);
     Win w;
-    w.ids.reserve(size_t(end - begin + 1));
-    if (bos) w.ids.push_back(o.bos_id);
+    w.ids.reserve(size_t(end - begin + P));
+    w.ids.assign(o.prefix.begin(), o.prefix.end());
     for (int64_t t = begin; t < end; ++t) w.ids.push_back(text[size_t(t)]);
     w.first = int(w.ids.size()) - int(end - prev_end);  // score only tokens past the previous window
-    if (w.first < 1) w.first = 1;  // without a BOS the text's first token has no context to score it
+    if (w.first < 1) w.first = 1;  // without a prefix the text's first token has no context to score it
     wins.push_back(std::move(w));
     prev_end = end;
     if (end == n) break;
@@ -174,8 +180,8 @@ PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, c
   }
   prog.finish();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // Without a BOS the text's first token has no context, so it is the one token not scored.
-  KVQ_ASSERT(r.tokens == (o.bos_id >= 0 ? n : n - 1));
+  // Without a prefix the text's first token has no context, so it is the one token not scored.
+  KVQ_ASSERT(r.tokens == (P > 0 ? n : n - 1));
   return r;
 }
 

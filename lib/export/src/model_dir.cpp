@@ -3,10 +3,13 @@
 #include "kvq/export/model_dir.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -203,6 +206,43 @@ struct TempDir {
   }
 };
 
+// SIGINT / SIGTERM / SIGHUP wait while the hidden directory is built: the interrupt handler removes
+// files, not a directory tree, so a stop is taken between files, after the directory is removed
+// (stop_if_asked), and then ends the run as it would anywhere else (one line, 128 + signal).
+class HeldSignals {
+ public:
+  HeldSignals() {
+    sigemptyset(&set_);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&set_, s);
+    ::pthread_sigmask(SIG_BLOCK, &set_, &old_);
+  }
+  ~HeldSignals() { ::pthread_sigmask(SIG_SETMASK, &old_, nullptr); }
+  HeldSignals(const HeldSignals&) = delete;
+  HeldSignals& operator=(const HeldSignals&) = delete;
+  void stop_if_asked(TempDir& tmp) {
+    sigset_t p;
+    if (::sigpending(&p) != 0) return;
+    bool asked = false;
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) asked = asked || (sigismember(&p, s) == 1 && sigismember(&old_, s) == 0);
+    if (!asked) return;
+    std::error_code ec;
+    fs::remove_all(tmp.path, ec);
+    tmp.path.clear();
+    ::pthread_sigmask(SIG_SETMASK, &old_, nullptr);  // the pending signal is taken here
+    throw Error("", "--out", "interrupted");          // a handler that returned
+  }
+
+ private:
+  sigset_t set_, old_;
+};
+
+// Tests (scripts/fault-table): KVQ_TEST_EXPORT_PAUSE_MS=N sleeps N ms after each file of the hidden
+// directory, so a signal lands while it is built.
+int test_pause_ms() {
+  const char* e = std::getenv("KVQ_TEST_EXPORT_PAUSE_MS");
+  return e ? std::max(0, std::atoi(e)) : 0;
+}
+
 }  // namespace
 
 std::vector<std::string> write_model_dir(const HfModelDir& m, const std::string& out, bool copy, const ModelDirOutput& o) {
@@ -230,6 +270,8 @@ std::vector<std::string> write_model_dir(const HfModelDir& m, const std::string&
   if (target.filename().empty()) target = target.parent_path();  // "dir/"
   make_output_dir(target.parent_path().string(), "--out");
   remove_stale_siblings(target);
+  HeldSignals held;  // before tmp: an error removes the directory before a pending signal is taken
+  const int pause_ms = test_pause_ms();
   TempDir tmp;
   tmp.path = (target.parent_path() / ("." + target.filename().string() + ".kvq-tmp." + std::to_string(::getpid()))).string();
   fs::remove_all(tmp.path, ec);
@@ -247,6 +289,8 @@ std::vector<std::string> write_model_dir(const HfModelDir& m, const std::string&
     else
       fs::create_symlink(src, dst, ec);
     if (ec) throw Error(dst.string(), "--out", std::string(copy ? "cannot copy: " : "cannot link: ") + ec.message());
+    if (pause_ms > 0) ::usleep(useconds_t(pause_ms) * 1000);
+    held.stop_if_asked(tmp);
   }
   if (ec) throw Error(m.dir, "--model", "cannot list: " + ec.message());
 
@@ -254,6 +298,8 @@ std::vector<std::string> write_model_dir(const HfModelDir& m, const std::string&
   auto add = [&](const std::string& name, const std::string& bytes) {
     put((fs::path(tmp.path) / name).string(), bytes);
     paths.push_back((fs::path(out) / name).string());
+    if (pause_ms > 0) ::usleep(useconds_t(pause_ms) * 1000);
+    held.stop_if_asked(tmp);
   };
   if (!o.config.is_null()) add("config.json", o.config.dump(2) + "\n");
   add(kIndexName, index);
@@ -264,6 +310,7 @@ std::vector<std::string> write_model_dir(const HfModelDir& m, const std::string&
   if (::rename(tmp.path.c_str(), target.c_str()) != 0)
     throw Error(out, "--out", std::string("cannot move the finished directory into place: ") + std::strerror(errno));
   tmp.keep = true;
+  set_interrupt_note("the model directory " + out + " was already written");
   const int fd = ::open(target.parent_path().c_str(), O_RDONLY);
   if (fd >= 0) {
     ::fsync(fd);

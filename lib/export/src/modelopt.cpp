@@ -81,18 +81,17 @@ nlohmann::json modelopt_config_json(const AllocFile& a, const std::string& alloc
   const std::vector<LayerKvFormats> f = layer_formats(a, alloc_path);
   bool uniform = true;
   for (const LayerKvFormats& x : f) uniform = uniform && x == f[0];
+  // ModelOpt's KV-cache-only export (get_quant_config with no weight quantizer): no weight
+  // algorithm, an empty weight-layer map, and the per-layer KV map even when every layer agrees.
   nlohmann::json q;
   q["quant_algo"] = nullptr;
-  if (uniform) {
-    q["kv_cache_quant_algo"] = modelopt_algo(f[0]);
-  } else {
-    q["kv_cache_quant_algo"] = "MIXED_PRECISION";
-    nlohmann::json layers = nlohmann::json::object();
-    for (size_t l = 0; l < f.size(); ++l)
-      layers["model.layers." + std::to_string(l) + ".self_attn"] = {{"quant_algo", modelopt_algo(f[l])}};
-    q["kv_cache_quantized_layers"] = layers;
-    q["kv_cache_schema_version"] = 1;
-  }
+  q["quantized_layers"] = nlohmann::json::object();
+  q["kv_cache_quant_algo"] = uniform ? modelopt_algo(f[0]) : "MIXED_PRECISION";
+  nlohmann::json layers = nlohmann::json::object();
+  for (size_t l = 0; l < f.size(); ++l)
+    layers["model.layers." + std::to_string(l) + ".self_attn"] = {{"quant_algo", modelopt_algo(f[l])}};
+  q["kv_cache_quantized_layers"] = layers;
+  q["kv_cache_schema_version"] = 1;
   return {{"producer", {{"name", "kvq"}, {"version", KVQ_VERSION}}}, {"quantization", q}};
 }
 

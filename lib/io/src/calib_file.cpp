@@ -54,6 +54,7 @@ std::string provenance_to_json(const CalibProvenance& p) {
   j["special_tokens_mode"] = p.special_tokens_mode;
   j["special_tokens_matched"] = p.special_tokens_matched;
   j["window_bos"] = p.window_bos;
+  if (p.window_prefix) j["window_prefix"] = *p.window_prefix;
   j["seed"] = p.seed;
   j["samples"] = p.samples;
   j["holdout"] = p.holdout;
@@ -203,6 +204,17 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
   get("samples", p.samples);
   get("holdout", p.holdout);
   get("seq_len", p.seq_len);
+  if (j.contains("window_prefix")) {  // absent before it was recorded: window_bos says
+    if (!j["window_prefix"].is_array()) throw Error(file, "provenance.window_prefix", "not an array: " + j["window_prefix"].dump());
+    std::vector<int> ids;
+    get("window_prefix", ids);
+    for (int id : ids)
+      if (id < 0) throw Error(file, "provenance.window_prefix", "negative token id " + std::to_string(id));
+    if (int64_t(ids.size()) >= int64_t(p.seq_len))
+      throw Error(file, "provenance.window_prefix",
+                  std::to_string(ids.size()) + " ids leave no corpus token in windows of seq_len " + std::to_string(p.seq_len));
+    p.window_prefix = std::move(ids);
+  }
   get("batch_size", p.batch_size);
   get("reservoir_tokens", p.reservoir_tokens);
   get("dtype", p.dtype);

@@ -1,5 +1,6 @@
 #pragma once
-// Corpus: text files or folders -> token stream -> seeded windows of seq_len tokens (BOS first).
+// Corpus: text files or folders -> token stream -> seeded windows of seq_len tokens (the
+// tokenizer's prefix first: Llama [BOS], Qwen none, GLM-4 [gMASK] <sop>).
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -33,22 +34,22 @@ std::vector<int32_t> tokenize_corpus(const CorpusText& c,
                                      size_t chunk_bytes = 4096);
 
 struct WindowPlan {
-  int seq_len = 0;                // T, including the BOS
-  int bos_id = 1;                 // < 0: the tokenizer adds no BOS (Qwen); a window is T stream tokens
+  int seq_len = 0;                // T, the prefix included
+  std::vector<int> prefix;        // ids every window starts with (Tokenizer::prefix_ids())
   uint64_t seed = 0;
   std::vector<int64_t> calib;     // start offsets into the token stream, calibration windows
   std::vector<int64_t> holdout;   // start offsets, held-out windows (disjoint from calib)
+  int64_t slot() const { return seq_len - int64_t(prefix.size()); }  // stream tokens per window
 };
 
-// Cuts the stream into non-overlapping slots of T-1 tokens (each window = BOS + one slot), and picks
-// `samples` + `holdout` distinct slots by a seeded shuffle; the first `samples` calibrate. With
-// bos_id < 0 a slot is T tokens and a window is just its slot.
-// Throws kvq::Error when the corpus has too few slots.
+// Cuts the stream into non-overlapping slots of T - |prefix| tokens (each window = prefix + one
+// slot), and picks `samples` + `holdout` distinct slots by a seeded shuffle; the first `samples`
+// calibrate. Throws kvq::Error when the corpus has too few slots or T leaves no room after the prefix.
 WindowPlan plan_windows(int64_t n_tokens, int seq_len, int samples, int holdout, uint64_t seed,
-                        int bos_id, const std::string& corpus_name);
+                        const std::vector<int>& prefix, const std::string& corpus_name);
 
-// Fills `out` (seq_len ids) with window starting at `offset`: BOS then stream[offset .. offset+T-1)
-// (bos_id < 0: stream[offset .. offset+T)).
+// Fills `out` (seq_len ids) with the window starting at `offset`: the prefix, then
+// stream[offset .. offset + slot).
 void window_ids(const std::vector<int32_t>& stream, const WindowPlan& plan, int64_t offset, int64_t* out);
 
 }  // namespace kvq

@@ -32,9 +32,11 @@ std::vector<double> window_token_nll(const Model& m, const std::vector<int64_t>&
                                      const KvCoder* coder, const CachePolicy& policy = {});
 
 struct PplOptions {
-  int window = 0;      // tokens per forward, BOS included (2..max_seq_len)
-  int stride = 0;      // new tokens per window (1..window-1)
-  int bos_id = 1;      // < 0: no BOS (the tokenizer adds none); the text's first token is not scored
+  int window = 0;      // tokens per forward, prefix included (2..max_seq_len)
+  int stride = 0;      // new tokens per window (1..window - max(1, |prefix|))
+  // What every window starts with (Tokenizer::prefix_ids(): Llama [BOS], GLM-4 [gMASK] <sop>).
+  // Empty (Qwen): the text's first token has no context and is not scored.
+  std::vector<int> prefix{1};
   CachePolicy policy;
   int64_t max_batch_tokens = 16384;  // windows per forward = this / window
   bool quiet = false;                // no progress line
@@ -52,10 +54,10 @@ struct PplResult {
   double ppl() const;
 };
 
-// Sliding windows like the standard perplexity scripts: window k is [BOS] + text[k*stride ..
-// k*stride + window-1); each text token is scored once, in the first window that contains it
-// beyond the previous window's end, with the context that precedes it in that window.
-// `text` is the token stream without BOS.
+// Sliding windows like the standard perplexity scripts: window k is prefix + text[k*stride ..
+// k*stride + window - |prefix|); each text token is scored once, in the first window that contains
+// it beyond the previous window's end, with the context that precedes it in that window.
+// `text` is the token stream without the prefix.
 PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, const PplOptions& o,
                              const KvCoder* coder);
 

@@ -2,10 +2,11 @@
 // ModelOpt hf_quant_config.json from a layer-precision allocation (kvq-allocate --method
 // layer-precision): per layer FP8 E4M3 or NVFP4 for the layer's K heads and for its V heads.
 //   {"producer": {"name": "kvq", "version": ...},
-//    "quantization": {"quant_algo": null,
+//    "quantization": {"quant_algo": null, "quantized_layers": {},
 //                     "kv_cache_quant_algo": "FP8" | "NVFP4" | "FP8_K_NVFP4_V" | "MIXED_PRECISION",
-//                     [mixed only:] "kv_cache_quantized_layers": {"model.layers.N.self_attn":
+//                     "kv_cache_quantized_layers": {"model.layers.N.self_attn":
 //                     {"quant_algo": "FP8" | "NVFP4" | "FP8_K_NVFP4_V"}}, "kv_cache_schema_version": 1}}
+// (ModelOpt's own KV-cache-only export: the per-layer map also when every layer agrees.)
 // Schema: schemas/modelopt-hf-quant-config.schema.json. quant_algo null: kvq quantizes no weights.
 // FP8_K_NVFP4_V: keys FP8, values NVFP4. NVFP4 keys with FP8 values have no ModelOpt name: refused.
 #include <nlohmann/json.hpp>

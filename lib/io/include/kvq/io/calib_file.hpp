@@ -3,6 +3,7 @@
 // the held-out windows. Layout: schemas/calibration-file.md. Frozen numbers below.
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,16 @@ struct CalibProvenance {
   std::string special_tokens_mode = "special";
   int64_t special_tokens_matched = 0;
   bool window_bos = true;
+  // The ids every window starts with (Tokenizer::prefix_ids(): Llama [BOS], Qwen none, GLM-4
+  // [gMASK] <sop>); a window is these + seq_len - |prefix| corpus tokens. Absent in older files:
+  // their windows start with the model's BOS when window_bos, with nothing otherwise.
+  std::optional<std::vector<int>> window_prefix;
+  size_t window_prefix_size() const { return window_prefix ? window_prefix->size() : window_bos ? 1 : 0; }
+  // The recorded prefix; for an older file [model_bos_id] or [] (what calib-capture used then).
+  std::vector<int> window_prefix_or(int model_bos_id) const {
+    if (window_prefix) return *window_prefix;
+    return window_bos ? std::vector<int>{model_bos_id} : std::vector<int>{};
+  }
   uint64_t seed = 0;
   int samples = 0;      // calibration windows planned
   int holdout = 0;      // held-out windows
