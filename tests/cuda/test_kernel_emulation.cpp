@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "kvq/codec/codec.hpp"
+#include "emulation_host_tables.hpp"
 #include "test_util.hpp"
 
 namespace kvq::cuda::detail {
@@ -22,19 +23,6 @@ namespace {
 
 namespace t = codec::test;
 using codec::HeadCodec;
-
-// Host "uploads": the emulated kernels read host memory.
-struct HostTables {
-  std::deque<std::vector<float>> f;
-  std::deque<std::vector<int32_t>> i;
-  std::deque<std::vector<uint8_t>> u;
-  const float* up(const std::vector<float>& v) { return f.emplace_back(v).data(); }
-  const int32_t* up(const std::vector<int32_t>& v) { return i.emplace_back(v).data(); }
-  const uint8_t* up(const std::vector<uint8_t>& v) { return u.emplace_back(v).data(); }
-  DevHead head(const HeadCodec& c) {
-    return make_dev_head(c, [this](const auto& v) { return up(v); });
-  }
-};
 
 TEST(KernelEmulation, DecodersMatchCpuReference) {
   for (int d : {8, 64, 96, 256}) {

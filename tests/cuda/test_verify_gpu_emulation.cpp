@@ -19,6 +19,7 @@
 #include <memory>
 
 #include "kvq/codec/codec.hpp"
+#include "emulation_host_tables.hpp"
 #include "test_util.hpp"
 #include "verify_gpu.hpp"
 
@@ -28,18 +29,6 @@ namespace {
 namespace t = codec::test;
 using codec::HeadCodec;
 using pipeline_detail::GpuLayer;
-
-struct HostTables {
-  std::deque<std::vector<float>> f;
-  std::deque<std::vector<int32_t>> i;
-  std::deque<std::vector<uint8_t>> u;
-  const float* up(const std::vector<float>& v) { return f.emplace_back(v).data(); }
-  const int32_t* up(const std::vector<int32_t>& v) { return i.emplace_back(v).data(); }
-  const uint8_t* up(const std::vector<uint8_t>& v) { return u.emplace_back(v).data(); }
-  DevHead head(const HeadCodec& c) {
-    return make_dev_head(c, [this](const auto& v) { return up(v); });
-  }
-};
 
 // One layer's packed cache in host memory, its steps run by the emulated kernels.
 class EmuCache final : public pipeline_detail::CacheUnderTest {
