@@ -88,7 +88,7 @@ int main(int argc, char** argv) {
       std::string text = kvq::read_file(ppl_text);
       auto enc = tok->encode(text);
       std::vector<int64_t> w;
-      if (tok->adds_bos()) w.push_back(tok->bos_id());
+      for (int t : tok->prefix_ids()) w.push_back(t);  // BOS, nothing, or GLM's [gMASK] <sop>
       for (size_t i = 0; i < enc.size() && int(w.size()) < window; ++i) w.push_back(enc[i]);
       if (int(w.size()) > m.config().max_seq_len)
         throw kvq::Error(ppl_text, "--window", "longer than the model's maximum " + std::to_string(m.config().max_seq_len));
