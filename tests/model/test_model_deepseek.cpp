@@ -246,8 +246,8 @@ class Reference {
   Vec moe_v3(const std::string& p, const Vec& h, const Vec& logits, const RefOptions& o) const {
     const hf::Spec& s = s_;
     const int E = s.experts, K = s.top_k, gs = E / s.n_group;
-    const Vec& bias = W(p + "mlp.gate.e_score_correction_bias");
-    Vec sc(size_t(E)), sel(size_t(E));
+    const Vec& bias = W(p + "mlp.gate.e_score_correction_bias").v;
+    Vec sc(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
     for (int e = 0; e < E; ++e) {
       sc[size_t(e)] = 1.0 / (1.0 + std::exp(-logits[size_t(e)]));
       sel[size_t(e)] = sc[size_t(e)] + (o.select_unbiased ? 0.0 : bias[size_t(e)]);

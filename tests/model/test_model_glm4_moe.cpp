@@ -152,7 +152,7 @@ Checkpoint make(const Shape& s, uint32_t seed) {
 
 std::vector<int> seeded_ids(int T, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
-  std::vector<int> ids(size_t(T));
+  std::vector<int> ids(static_cast<size_t>(T));
   for (int& x : ids) x = int(rng() % uint32_t(vocab));
   return ids;
 }
