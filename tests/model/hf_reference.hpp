@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <numeric>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,8 @@ struct Layer {
   // MoE
   Vec router;  // [E, D]
   std::vector<Expert> experts;
+  Vec router_bias;  // [E] e_score_correction_bias (sigmoid router: selection only)
+  Expert shared;    // shared experts as one SwiGLU, unweighted; empty gate: none
 };
 
 struct Model {
@@ -51,6 +54,12 @@ struct Model {
   double attention_factor = 1.0;
   int top_k = 0;
   bool norm_topk_prob = false;
+  // DeepSeek-V3 / GLM-4.5 router (official Gate.forward): s = sigmoid(logits), selection by
+  // s + router_bias within the topk_group groups of highest top-2 sum (n_group > 1), weights the
+  // unbiased s of the picks, renormalised (norm_topk_prob) and x routed_scaling_factor.
+  bool sigmoid_router = false;
+  int n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
   Vec embed, final_norm, lm_head;  // [V, D], [D], [V, D]
   std::vector<Layer> layers;
 };
@@ -69,6 +78,9 @@ struct Options {
   bool flip_norm_topk_prob = false;
   bool flip_pairing = false;  // adjacent pairs <-> split-half
   bool skip_sandwich_norm = false;
+  // Sigmoid-router controls: select by the unbiased score, score a group by its best expert
+  // instead of its top-2 sum, leave routed_scaling_factor out.
+  bool select_unbiased = false, group_by_max = false, ignore_scaling_factor = false;
   int64_t pos0 = 0;
 };
 
@@ -210,6 +222,49 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
       const int E = int(L.experts.size());
       Vec logit(static_cast<size_t>(E));
       matvec(L.router, {}, h.data(), E, D, logit.data());
+      if (m.sigmoid_router) {
+        Vec s(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
+        for (int e = 0; e < E; ++e) {
+          s[size_t(e)] = 1.0 / (1.0 + std::exp(-logit[size_t(e)]));
+          sel[size_t(e)] = s[size_t(e)] + (opt.select_unbiased ? 0.0 : L.router_bias[size_t(e)]);
+        }
+        if (m.n_group > 1) {
+          const int gs = E / m.n_group;
+          Vec gscore(static_cast<size_t>(m.n_group));
+          for (int g = 0; g < m.n_group; ++g) {
+            Vec b(sel.begin() + g * gs, sel.begin() + (g + 1) * gs);
+            std::sort(b.begin(), b.end(), std::greater<double>());
+            gscore[size_t(g)] = opt.group_by_max || gs < 2 ? b[0] : b[0] + b[1];
+          }
+          std::vector<int> gorder(static_cast<size_t>(m.n_group));
+          std::iota(gorder.begin(), gorder.end(), 0);
+          std::stable_sort(gorder.begin(), gorder.end(), [&](int a, int b) { return gscore[size_t(a)] > gscore[size_t(b)]; });
+          std::vector<bool> keep(static_cast<size_t>(E), false);
+          for (int r = 0; r < m.topk_group; ++r)
+            for (int e = 0; e < gs; ++e) keep[size_t(gorder[size_t(r)] * gs + e)] = true;
+          for (int e = 0; e < E; ++e)
+            if (!keep[size_t(e)]) sel[size_t(e)] = -INFINITY;
+        }
+        std::vector<int> order(static_cast<size_t>(E));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return sel[size_t(a)] > sel[size_t(b)]; });
+        double kept = 0;
+        for (int r = 0; r < m.top_k; ++r) kept += s[size_t(order[size_t(r)])];
+        const double rsf = opt.ignore_scaling_factor ? 1.0 : m.routed_scaling_factor;
+        Vec acc(static_cast<size_t>(D), 0.0);
+        for (int r = 0; r < m.top_k; ++r) {
+          const Expert& ex = L.experts[size_t(order[size_t(r)])];
+          const double w = s[size_t(order[size_t(r)])] / (m.norm_topk_prob ? kept : 1.0) * rsf;
+          swiglu(ex.gate, ex.up, ex.down, h.data(), D, int(ex.gate.size() / size_t(D)), o.data());
+          for (int e = 0; e < D; ++e) acc[size_t(e)] += w * o[size_t(e)];
+        }
+        if (!L.shared.gate.empty()) {
+          swiglu(L.shared.gate, L.shared.up, L.shared.down, h.data(), D, int(L.shared.gate.size() / size_t(D)), o.data());
+          for (int e = 0; e < D; ++e) acc[size_t(e)] += o[size_t(e)];
+        }
+        for (int e = 0; e < D; ++e) xt[e] += acc[size_t(e)];
+        continue;
+      }
       const double mx = *std::max_element(logit.begin(), logit.end());
       double z = 0;
       for (double& l : logit) z += (l = std::exp(l - mx));

@@ -73,9 +73,11 @@ struct Spec {
   double routed_scaling_factor = 1.0;
   std::string topk_method = "greedy";
   int n_group = 1, topk_group = 1;
+  bool mtp = false;  // deepseek_v3: also write an MTP layer at model.layers.{layers} (never to be read)
 
   bool glm() const { return family == "chatglm" || family == "glm" || family == "glm4"; }
-  bool deepseek() const { return family == "deepseek_v2"; }
+  bool deepseek() const { return family == "deepseek_v2" || family == "deepseek_v3"; }
+  bool v3() const { return family == "deepseek_v3"; }
 
   bool moe() const { return family == "qwen3_moe" || family == "mixtral" || (deepseek() && experts > 0); }
   bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
@@ -107,6 +109,7 @@ inline const char* class_of(const std::string& family) {
   if (family == "glm") return "GlmForCausalLM";
   if (family == "glm4") return "Glm4ForCausalLM";
   if (family == "deepseek_v2") return "DeepseekV2ForCausalLM";
+  if (family == "deepseek_v3") return "DeepseekV3ForCausalLM";
   throw std::invalid_argument("unknown family " + family);
 }
 
@@ -142,8 +145,8 @@ inline nlohmann::json make_chatglm_config(const Spec& s) {
 // DeepSeek-V2's config.json keys (DeepSeek-V2-Lite's, with the tiny shape).
 inline nlohmann::json make_deepseek_config(const Spec& s) {
   using nlohmann::json;
-  json c = {{"architectures", {"DeepseekV2ForCausalLM"}},
-            {"model_type", "deepseek_v2"},
+  json c = {{"architectures", {class_of(s.family)}},
+            {"model_type", s.family},
             {"hidden_size", s.hidden},
             {"num_hidden_layers", s.layers},
             {"num_attention_heads", s.heads},
@@ -177,7 +180,8 @@ inline nlohmann::json make_deepseek_config(const Spec& s) {
     c["topk_method"] = s.topk_method;
     c["n_group"] = s.n_group;
     c["topk_group"] = s.topk_group;
-    c["scoring_func"] = "softmax";
+    c["scoring_func"] = s.v3() ? "sigmoid" : "softmax";
+    if (s.v3()) c["num_nextn_predict_layers"] = s.mtp ? 1 : 0;
     c["aux_loss_alpha"] = 0.001;
     c["seq_aux"] = true;
   } else {
@@ -324,6 +328,7 @@ void make_deepseek_weights(const Spec& s, Add& add) {
     add(p + "self_attn.o_proj.weight", {D, H * s.v_head_dim}, s.scale);
     if (s.is_moe_layer(l)) {
       add(p + "mlp.gate.weight", {s.experts, D}, s.router_scale);
+      if (s.v3()) add(p + "mlp.gate.e_score_correction_bias", {s.experts}, s.router_scale * 0.3);
       for (int e = 0; e < s.experts; ++e) {
         const auto n = expert_tensor_names(s, l, e);
         add(n[0], {s.moe_inter, D}, s.scale);
@@ -344,6 +349,16 @@ void make_deepseek_weights(const Spec& s, Add& add) {
   }
   add("model.norm.weight", {D}, s.norm_jitter, 1.0);
   if (!s.tied) add("lm_head.weight", {s.vocab, D}, s.scale);
+  if (s.v3() && s.mtp) {  // the MTP module: its own projections and norms around one more block
+    const std::string p = "model.layers." + std::to_string(s.layers) + ".";
+    add(p + "eh_proj.weight", {D, 2 * D}, s.scale);
+    add(p + "enorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "hnorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "input_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "self_attn.kv_a_proj_with_mqa.weight", {R + s.qk_rope_head_dim, D}, s.scale);
+    add(p + "mlp.gate.weight", {s.experts, D}, s.router_scale);
+    add(p + "mlp.experts.0.gate_proj.weight", {s.moe_inter, D}, s.scale);
+  }
 }
 
 inline TensorMap make_weights(const Spec& s) {

@@ -446,14 +446,19 @@ TEST(BadArchitecture, RefusedModelTypesSayWhy) {
   const std::vector<std::pair<nlohmann::json, std::vector<std::string>>> cases = {
       // deepseek_v2 is opened (test_model_deepseek): a Llama config called so lacks its MLA keys.
       {{{"model_type", "deepseek_v2"}}, {"config.json", "kv_lora_rank", "missing"}},
-      {{{"model_type", "deepseek_v3"}}, {"model_type", "'deepseek_v3'", "noaux_tc"}},
+      // deepseek_v3 and glm4_moe are opened too: a Llama config called so lacks their keys.
+      {{{"model_type", "deepseek_v3"}}, {"config.json", "kv_lora_rank", "missing"}},
+      {{{"model_type", "glm4_moe"}}, {"config.json", "n_routed_experts", "is 128 but tensor", "missing"}},
+      {{{"model_type", "deepseek_v32"}}, {"model_type", "'deepseek_v32'", "indexer"}},
+      {{{"model_type", "deepseek_v4"}}, {"model_type", "'deepseek_v4'", "not implemented"}},
       {{{"model_type", "gemma"}}, {"model_type", "'gemma'", "(1 + w)", "GeGLU"}},
       {{{"model_type", "gemma2"}}, {"model_type", "'gemma2'", "softcapping"}},
       {{{"model_type", "gemma3"}}, {"model_type", "'gemma3'", "GeGLU"}},
       {{{"model_type", "phi3"}}, {"model_type", "'phi3'", "LongRoPE", "fused"}},
       {{{"model_type", "falcon"}}, {"model_type", "unsupported architecture 'falcon'", "supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, chatglm, glm, glm4"}},
       {{{"architectures", {"DeepseekV2ForCausalLM"}}}, {"config.json", "kv_lora_rank", "missing"}},
-      {{{"architectures", {"DeepseekV3ForCausalLM"}}}, {"architectures", "'DeepseekV3ForCausalLM'", "noaux_tc"}},
+      {{{"architectures", {"DeepseekV3ForCausalLM"}}}, {"config.json", "kv_lora_rank", "missing"}},
+      {{{"architectures", {"DeepseekV32ForCausalLM"}}}, {"architectures", "'DeepseekV32ForCausalLM'", "indexer"}},
       {{{"architectures", {"BertModel"}}}, {"architectures", "'BertModel'", "supported:"}},
   };
   for (const auto& [cfg, parts] : cases) {

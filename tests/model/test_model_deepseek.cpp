@@ -41,6 +41,9 @@ struct RefOptions {
   bool drop_mscale2 = false;  // softmax scale without ms(f, mscale_all_dim)^2
   bool drop_shared = false;
   bool flip_norm_topk_prob = false;
+  // deepseek_v3's sigmoid noaux_tc router: select by the unbiased score, score a group by its best
+  // expert instead of its top-2 sum, leave routed_scaling_factor out.
+  bool select_unbiased = false, group_by_max = false, ignore_scaling_factor = false;
 };
 
 // Per layer: scaled scores [H][T][T] (j <= i; 0 elsewhere) and the head outputs [T][H][v] before
@@ -203,6 +206,7 @@ class Reference {
     const hf::Spec& s = s_;
     const int E = s.experts, K = s.top_k;
     const Vec logits = matvec(W(p + "mlp.gate.weight"), h);
+    if (s.v3()) return moe_v3(p, h, logits, o);
     const double mx = *std::max_element(logits.begin(), logits.end());
     Vec pr(static_cast<size_t>(E));
     double z = 0;
@@ -229,6 +233,48 @@ class Reference {
     for (int k = 0; k < K; ++k) {
       const int e = order[size_t(k)].second;
       const double wgt = norm ? pr[size_t(e)] / sum : pr[size_t(e)] * s.routed_scaling_factor;
+      const Vec y = swiglu(p + "mlp.experts." + std::to_string(e) + ".", h);
+      for (size_t i = 0; i < out.size(); ++i) out[i] += wgt * y[i];
+    }
+    if (s.n_shared_experts > 0 && !o.drop_shared) add(out, swiglu(p + "mlp.shared_experts.", h));
+    return out;
+  }
+
+  // DeepSeek-V3's Gate.forward (inference/model.py): sigmoid scores; selection by score + bias
+  // within the topk_group groups of highest top-2 sum; weights the unbiased scores, renormalised,
+  // x routed_scaling_factor; plus the shared experts.
+  Vec moe_v3(const std::string& p, const Vec& h, const Vec& logits, const RefOptions& o) const {
+    const hf::Spec& s = s_;
+    const int E = s.experts, K = s.top_k, gs = E / s.n_group;
+    const Vec& bias = W(p + "mlp.gate.e_score_correction_bias").v;
+    Vec sc(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+      sc[size_t(e)] = 1.0 / (1.0 + std::exp(-logits[size_t(e)]));
+      sel[size_t(e)] = sc[size_t(e)] + (o.select_unbiased ? 0.0 : bias[size_t(e)]);
+    }
+    if (s.n_group > 1) {
+      std::vector<std::pair<double, int>> g;
+      for (int k = 0; k < s.n_group; ++k) {
+        Vec b(sel.begin() + k * gs, sel.begin() + (k + 1) * gs);
+        std::sort(b.rbegin(), b.rend());
+        g.push_back({-(o.group_by_max ? b[0] : b[0] + b[1]), k});
+      }
+      std::sort(g.begin(), g.end());
+      std::vector<bool> keep(size_t(s.n_group), false);
+      for (int k = 0; k < s.topk_group; ++k) keep[size_t(g[size_t(k)].second)] = true;
+      for (int e = 0; e < E; ++e)
+        if (!keep[size_t(e / gs)]) sel[size_t(e)] = -INFINITY;
+    }
+    std::vector<std::pair<double, int>> order;
+    for (int e = 0; e < E; ++e) order.push_back({-sel[size_t(e)], e});
+    std::sort(order.begin(), order.end());
+    double sum = 0;
+    for (int k = 0; k < K; ++k) sum += sc[size_t(order[size_t(k)].second)];
+    const double rsf = o.ignore_scaling_factor ? 1.0 : s.routed_scaling_factor;
+    Vec out(size_t(s.hidden), 0.0);
+    for (int k = 0; k < K; ++k) {
+      const int e = order[size_t(k)].second;
+      const double wgt = (s.norm_topk_prob ? sc[size_t(e)] / sum : sc[size_t(e)]) * rsf;
       const Vec y = swiglu(p + "mlp.experts." + std::to_string(e) + ".", h);
       for (size_t i = 0; i < out.size(); ++i) out[i] += wgt * y[i];
     }
@@ -323,6 +369,31 @@ std::vector<int64_t> argmax_rows(const Vec& logits, int V) {
     out.push_back(std::max_element(b, b + V) - b);
   }
   return out;
+}
+
+// DeepSeek-V3's form, tiny: q-LoRA, the sigmoid noaux_tc router with e_score_correction_bias
+// (the best 2 of 4 groups of 4 experts by top-2 sum, top-4), renormalised x 2.5, one shared
+// expert, first_k_dense_replace 1, DeepSeek's YaRN (mscale = mscale_all_dim = 1), and an MTP
+// layer in the checkpoint that must never be read.
+hf::Spec v3_spec() {
+  hf::Spec s = lite_spec();
+  s.family = "deepseek_v3";
+  s.layers = 3;
+  s.q_lora_rank = 20;
+  s.experts = 16;
+  s.top_k = 4;
+  s.topk_method = "noaux_tc";
+  s.n_group = 4;
+  s.topk_group = 2;
+  s.norm_topk_prob = true;
+  s.routed_scaling_factor = 2.5;
+  s.n_shared_experts = 1;
+  s.first_k_dense_replace = 1;
+  s.mtp = true;
+  s.seed = 33;
+  s.extra["rope_scaling"] = {{"type", "yarn"}, {"factor", 40}, {"original_max_position_embeddings", 64},
+                             {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}};
+  return s;
 }
 
 struct Fixture {
@@ -452,6 +523,45 @@ TEST(Deepseek, V2StyleQLoraGroupLimitedMatchesReference) {
     o.drop_shared = true;
     EXPECT_GT(f.diff(o, "shared experts dropped"), kControl);
   }
+}
+
+TEST(DeepseekV3, NoauxRouterMatchesReference) {
+  for (const bool stream : {false, true}) {
+    Fixture f(v3_spec(), stream);
+    const ModelConfig& c = f.model.config();
+    EXPECT_EQ(c.architecture, "deepseek_v3");
+    EXPECT_EQ(c.layer_moe, (std::vector<uint8_t>{0, 1, 1}));
+    EXPECT_EQ(c.n_group, 4);
+    EXPECT_DOUBLE_EQ(c.routed_scaling_factor, 2.5);
+    f.expect_matches_reference();
+    if (stream) continue;
+    f.expect_same_greedy(5, 6);
+    RefOptions o;
+    o.select_unbiased = true;
+    EXPECT_GT(f.diff(o, "selection by the unbiased score"), kControl);
+    o = {};
+    o.group_by_max = true;
+    EXPECT_GT(f.diff(o, "groups scored by their best expert"), kControl);
+    o = {};
+    o.ignore_scaling_factor = true;
+    EXPECT_GT(f.diff(o, "routed_scaling_factor ignored"), kControl);
+    o = {};
+    o.split_half = true;
+    EXPECT_GT(f.diff(o, "split-half pairs"), kControl);
+  }
+}
+
+TEST(DeepseekV3, KimiK2ModelTypeIsTheSameModel) {
+  hf::Spec s = v3_spec();
+  Fixture f(s);
+  test::TempDir dir;
+  nlohmann::json cfg = hf::make_config(s);
+  cfg["model_type"] = "kimi_k2";
+  hf::write_model(dir.str(), cfg, f.weights, 2);
+  const Model kimi = Model::load(dir.str());
+  EXPECT_EQ(kimi.config().architecture, "kimi_k2");
+  const auto ids = seeded_ids(16, s.vocab, 3);
+  EXPECT_EQ(logits_of(kimi, ids), logits_of(f.model, ids));
 }
 
 TEST(Deepseek, StreamedForwardEqualsWholeModel) {

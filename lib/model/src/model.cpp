@@ -12,14 +12,16 @@
 #include <vector>
 
 #include "kvq/util/error.hpp"
-#include "forward_kernels.hpp"
+#include "families/family.hpp"
+#include "parts/decoder_layer.hpp"
+#include "parts/forward_kernels.hpp"
 #include "weights.hpp"
 
 namespace fs = std::filesystem;
 
 namespace kvq {
 
-// The kernels (forward_kernels.hpp) are called by the layer loop below.
+// The layer loop below calls the family's layer (parts/decoder_layer.cpp) and its kernels.
 using namespace detail;
 
 Model::Model() = default;
@@ -80,14 +82,6 @@ at::Tensor checked_ids(const at::Tensor& ids_in, const ModelConfig& c, const std
   return ids;
 }
 
-// One batch's state through the layers: positions, RoPE table and the residual stream x [N, D].
-struct Pass {
-  int64_t B = 0, T = 0;
-  std::vector<int64_t> positions;
-  RopeTable rope;
-  at::Tensor x;
-};
-
 Pass make_pass(const at::Tensor& ids, const ModelConfig& c, int64_t pos0, const ModelWeights& w, float* hidden) {
   Pass p;
   p.B = ids.size(0);
@@ -109,143 +103,10 @@ Pass make_pass(const at::Tensor& ids, const ModelConfig& c, int64_t pos0, const 
   return p;
 }
 
-// DeepSeek-V2 MLA, served (absorbed) form, from ws.h into ws.q [N][H][rope + R], ws.k [N][rope + R]
-// and ws.v [N][R], all pre-RoPE: k = [k_pe, c~], v = c~ with c~ = RMS(c; kv_a_layernorm), and
-// q_h = [q_pe_h, W_UK,h^T q_nope_h]. Then q_h . k = q_pe_h . k_pe + q_nope_h . (W_UK,h c~), the naive
-// per-head score, and the rotary dims come first.
-void mla_project(const ModelConfig& c, const LayerWeights& L, Workspace& ws) {
-  const int64_t N = ws.h.size(0), H = c.n_heads, R = c.kv_lora_rank, rope = c.qk_rope_head_dim;
-  const int64_t nope = c.qk_nope_head_dim, qk = nope + rope, d = c.head_dim;
-  const int64_t qrows = c.q_lora_rank > 0 ? c.q_lora_rank : H * qk;
-  at::mm_out(ws.qkv, ws.h, L.wqkv.t());  // [q (or q_a) | c | k_pe]
-  if (c.q_lora_rank > 0) {
-    ws.mla_qa.copy_(ws.qkv.narrow(1, 0, qrows));
-    rms_norm(ws.mla_qa, L.q_a_norm, c.rms_norm_eps, ws.mla_qa);  // row-wise: read, then write
-    at::mm_out(ws.mla_q, ws.mla_qa, L.wq_b.t());
-  } else {
-    ws.mla_q.copy_(ws.qkv.narrow(1, 0, qrows));
-  }
-  ws.v.copy_(ws.qkv.narrow(1, qrows, R));
-  rms_norm(ws.v, L.kv_a_norm, c.rms_norm_eps, ws.v);
-  at::Tensor k = ws.k.view({N, d});
-  k.narrow(1, 0, rope).copy_(ws.qkv.narrow(1, qrows + R, rope));
-  k.narrow(1, rope, R).copy_(ws.v);
-  const at::Tensor q3 = ws.mla_q.view({N, H, qk});
-  at::Tensor qo = ws.q.view({N, H, d});
-  qo.narrow(2, 0, rope).copy_(q3.narrow(2, nope, rope));
-  ws.mla_nope.copy_(q3.narrow(2, 0, nope).permute({1, 0, 2}));
-  const at::Tensor w_uk = L.w_kv_b.view({H, nope + c.v_head_dim, R}).narrow(1, 0, nope);  // [H, nope, R]
-  at::bmm_out(ws.mla_lat, ws.mla_nope, w_uk);
-  qo.narrow(2, rope, R).copy_(ws.mla_lat.permute({1, 0, 2}));
-}
-
-// MLA's head outputs: out_h = W_UV,h (ws.attn_h), [N][H][v] in ws.mla_o (o_proj's input).
-const at::Tensor& mla_output(const ModelConfig& c, const LayerWeights& L, Workspace& ws) {
-  const int64_t N = ws.h.size(0), H = c.n_heads, R = c.kv_lora_rank, nope = c.qk_nope_head_dim, v = c.v_head_dim;
-  ws.mla_lat.copy_(ws.attn.view({N, H, R}).permute({1, 0, 2}));
-  const at::Tensor w_uv = L.w_kv_b.view({H, nope + v, R}).narrow(1, nope, v);  // [H, v, R]
-  at::bmm_out(ws.mla_out, ws.mla_lat, w_uv.transpose(1, 2));
-  ws.mla_o.view({N, H, v}).copy_(ws.mla_out.permute({1, 0, 2}));
-  return ws.mla_o;
-}
-
-// Decoder layer l on one batch: x += attention(norm(x)); x += mlp(norm(x)), with the observer and
-// the K/V hooks of opts.
-void layer_step(const ModelConfig& c, const LayerWeights& L, int l, Workspace& ws, Pass& p,
-                const Model::ForwardOptions& opts) {
-  const int64_t B = p.B, T = p.T, N = B * T;
-  const int64_t H = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim, I = c.intermediate_size;
-  const int64_t qd = H * d, kvd = Hk * d;
-  at::Tensor& x = p.x;
-  rms_norm(x, L.attn_norm, c.rms_norm_eps, ws.h);
-  if (c.is_mla()) {
-    mla_project(c, L, ws);
-  } else {
-    if (L.bqkv.defined())
-      at::addmm_out(ws.qkv, L.bqkv, ws.h, L.wqkv.t());
-    else
-      at::mm_out(ws.qkv, ws.h, L.wqkv.t());
-    ws.q.copy_(ws.qkv.narrow(1, 0, qd));
-    ws.k.copy_(ws.qkv.narrow(1, qd, kvd));
-    ws.v.copy_(ws.qkv.narrow(1, qd + kvd, kvd));
-  }
-  if (L.q_norm.defined()) {  // Qwen3: per-head RMSNorm before RoPE (in place: row-wise, read then write)
-    at::Tensor qr = ws.q.view({N * H, d}), kr = ws.k.view({N * Hk, d});
-    rms_norm(qr, L.q_norm, c.rms_norm_eps, qr);
-    rms_norm(kr, L.k_norm, c.rms_norm_eps, kr);
-  }
-  if (opts.observer) {
-    LayerCapture cap;
-    cap.layer = l;
-    cap.batch = int(B);
-    cap.seq = int(T);
-    cap.n_heads = int(H);
-    cap.n_kv_heads = int(Hk);
-    cap.head_dim = int(d);
-    cap.head_dim_v = c.head_dim_v;
-    cap.q = ws.q.data_ptr<float>();
-    cap.k = ws.k.data_ptr<float>();
-    cap.v = ws.v.data_ptr<float>();
-    cap.positions = p.positions.data();
-    opts.observer->on_layer(cap);
-  }
-  // The pre-RoPE K/V of this layer as the hooks see them (k, v: the buffers they may rewrite).
-  auto layer_kv = [&](at::Tensor& k, at::Tensor& v) {
-    LayerKv kv;
-    kv.layer = l;
-    kv.batch = int(B);
-    kv.seq = int(T);
-    kv.n_kv_heads = int(Hk);
-    kv.head_dim = int(d);
-    kv.head_dim_v = c.head_dim_v;
-    kv.k = k.data_ptr<float>();
-    kv.v = v.data_ptr<float>();
-    kv.positions = p.positions.data();
-    return kv;
-  };
-  if (opts.kv_transform) {
-    LayerKv kv = layer_kv(ws.k, ws.v);
-    opts.kv_transform->apply(kv);
-  }
-  if (opts.protected_kv) {
-    ws.kq.copy_(ws.k);
-    ws.vq.copy_(ws.v);
-    LayerKv kv = layer_kv(ws.kq, ws.vq);
-    opts.protected_kv->code(kv);
-    rope_rows(ws.kq.data_ptr<float>(), B, int(T), Hk, int(d), p.rope, c.pairing, false);
-  }
-  rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), p.rope, c.pairing, false);
-  rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), p.rope, c.pairing, false);
-  if (opts.protected_kv)
-    attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent);
-  else
-    attention(ws, B, T, c, c.window_of(l));
-  const at::Tensor& o_in = c.is_mla() ? mla_output(c, L, ws) : ws.attn;
-  if (L.post_attn_norm.defined()) {  // GLM-4-0414: x += norm(o_proj(attn)); ws.h is free here
-    at::mm_out(ws.h, o_in, L.wo.t());
-    if (L.bo.defined()) ws.h.add_(L.bo);
-    rms_norm(ws.h, L.post_attn_norm, c.rms_norm_eps, ws.h);  // row-wise: read, then write
-    x.add_(ws.h);
-  } else {
-    if (L.bo.defined()) x.add_(L.bo);
-    x.addmm_(o_in, L.wo.t());
-  }
-
-  rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
-  if (L.router.defined()) {
-    moe_mlp(ws, L, c, x);
-  } else {
-    at::mm_out(ws.gate_up, ws.h, L.w_gate_up.t());
-    at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
-    ws.act.mul_(ws.gate_up.narrow(1, I, I));
-    if (L.post_mlp_norm.defined()) {  // x += norm(mlp(...)); ws.h was consumed by gate_up
-      at::mm_out(ws.h, ws.act, L.w_down.t());
-      rms_norm(ws.h, L.post_mlp_norm, c.rms_norm_eps, ws.h);
-      x.add_(ws.h);
-    } else {
-      x.addmm_(ws.act, L.w_down.t());
-    }
-  }
+// The layer the model's family computes (llama2.c checkpoints: the common decoder layer).
+LayerFn layer_of(const ModelConfig& c) {
+  const Family* f = find_family(c.architecture);
+  return f ? f->layer : decoder_layer;
 }
 
 // Layer l's fp32 weights for the duration of one use: the resident ones, or converted from the
@@ -286,9 +147,10 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
   if (opts.protected_kv) ws.ensure_protected();
 
   Pass p = make_pass(ids, c, opts.pos0, *w_, nullptr);
+  const LayerFn layer = layer_of(c);
   for (int l = 0; l < c.n_layers; ++l) {
     const LayerLease L(*w_, l);
-    layer_step(c, L.get(), l, ws, p, opts);
+    layer(c, L.get(), l, ws, p, opts);
   }
   if (!opts.logits) return at::Tensor();
   rms_norm(p.x, w_->final_norm, c.rms_norm_eps, ws.h);
@@ -314,11 +176,12 @@ void Model::forward_chunk(const std::vector<ChunkBatch>& batches, const ChunkHoo
     passes.push_back(make_pass(ids, c, 0, *w_, batches[i].hidden));
     if (hooks.after_step) hooks.after_step(i, -1);  // the embedding written
   }
+  const LayerFn layer = layer_of(c);
   for (int l = 0; l < c.n_layers; ++l) {
     {
       const LayerLease L(*w_, l);
       for (size_t i = 0; i < passes.size(); ++i) {
-        layer_step(c, L.get(), l, *ws[i], passes[i], opts[i]);
+        layer(c, L.get(), l, *ws[i], passes[i], opts[i]);
         if (hooks.after_step) hooks.after_step(i, l);
       }
     }
@@ -360,27 +223,10 @@ int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
 }
 
 int64_t layer_fp32_bytes(const ModelConfig& c, int l) {
-  const int64_t D = c.hidden_size, I = c.intermediate_size, d = c.head_dim;
-  const int64_t qd = int64_t(c.n_heads) * d, kvd = int64_t(c.n_kv_heads) * d;
-  int64_t n = 2 * D;
-  if (c.is_mla()) {
-    const int64_t H = c.n_heads, R = c.kv_lora_rank, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-    const int64_t qr = c.q_lora_rank;
-    n += (qr > 0 ? qr * D + qr + H * qk * qr : H * qk * D) + (R + c.qk_rope_head_dim) * D + R +
-         H * (c.qk_nope_head_dim + c.v_head_dim) * R + D * H * c.v_head_dim;
-  } else {
-    n += (qd + 2 * kvd) * D + D * qd;
-  }
-  if (c.qkv_bias) n += qd + 2 * kvd;
-  if (c.o_bias) n += D;
-  if (c.qk_norm) n += 2 * d;
-  if (c.sandwich_norm) n += 2 * D;
-  if (c.is_moe_layer(l))
-    n += int64_t(c.n_experts) * D +
-         (int64_t(c.n_experts) + c.n_shared_experts) * 3 * int64_t(c.moe_intermediate_size) * D;
-  else
-    n += 3 * I * D;
-  return n * int64_t(sizeof(float));
+  // The family's plan of the layer's tensors (a llama2.c checkpoint has the Llama layout's).
+  const TensorIndex none;
+  const Family* f = find_family(c.architecture);
+  return plan_fp32_bytes(f ? f->layer_plan(c, l, none) : llama_plan(c, l, none));
 }
 
 void apply_rope_windows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,

@@ -23,7 +23,9 @@ struct LayerWeights {
   at::Tensor q_norm, k_norm;  // [head_dim] (Qwen3 q/k RMSNorm) or undefined
   at::Tensor post_attn_norm, post_mlp_norm;  // [D] (GLM-4-0414 sandwich norms) or undefined
   // MoE layers (w_gate_up / w_down undefined): router [E, D]; expert e's [2 I_e, D] and [D, I_e].
-  at::Tensor router;
+  // router_bias [E]: DeepSeek-V3's e_score_correction_bias (its presence selects the noaux_tc
+  // router, parts/moe.hpp); undefined for the softmax routers.
+  at::Tensor router, router_bias;
   std::vector<at::Tensor> expert_gate_up, expert_down;
   // DeepSeek-V2 MLA: wqkv is [q rows; kv_a_proj_with_mqa] (q rows: q_proj's H (nope + rope), or
   // q_a_proj's q_lora_rank followed by q_a_norm [q_lora_rank] and wq_b [H (nope + rope), q_lora_rank]);

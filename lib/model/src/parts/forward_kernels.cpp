@@ -1,5 +1,5 @@
-// The forward's kernels (see forward_kernels.hpp): RoPE, RMSNorm, the Workspace, attention and
-// the MoE MLP, in fp32.
+// The forward's kernels (see forward_kernels.hpp): RoPE, RMSNorm, the Workspace and attention,
+// in fp32.
 #include "forward_kernels.hpp"
 
 #include <ATen/Parallel.h>
@@ -301,86 +301,6 @@ void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig&
       }
       attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, dv}).permute({0, 2, 1, 3, 4}));
     }
-  }
-}
-
-// x += Σ_kept p_e · SwiGLU_e(ws.h) for the top-k experts of each token (router softmax in fp32).
-// Only chosen experts run: the tokens routed to expert e are gathered, one GEMM chain per expert,
-// scaled by their weights and added back in expert order. Top-k ties go to the lower expert index
-// (torch.topk leaves tie order unspecified; exact ties of fp32 router probabilities are rare).
-void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Tensor& x) {
-  const int64_t N = ws.h.size(0), E = c.n_experts, K = c.n_experts_per_tok, Ie = c.moe_intermediate_size;
-  const at::Tensor probs = at::softmax(at::mm(ws.h, L.router.t()), -1).contiguous();  // [N, E]
-  const float* pp = probs.data_ptr<float>();
-  std::vector<int32_t> pick(size_t(N * K));
-  std::vector<float> weight(size_t(N * K));
-  // DeepSeek's group_limited_greedy: only experts of the topk_group groups with the highest best
-  // probability compete (the others count as probability 0, as modeling_deepseek.py masks them).
-  const int64_t n_group = c.n_group, group_size = n_group > 0 ? E / n_group : E;
-  const bool scaled = !c.norm_topk_prob && c.routed_scaling_factor != 1.0;
-  const float rsf = float(c.routed_scaling_factor);
-  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
-    std::vector<int32_t> order(static_cast<size_t>(E)), gorder(static_cast<size_t>(std::max<int64_t>(n_group, 1)));
-    std::vector<float> gbest(gorder.size()), masked(static_cast<size_t>(E));
-    for (int64_t t = begin; t < end; ++t) {
-      const float* pr = pp + t * E;
-      const float* score = pr;
-      if (n_group > 0) {
-        for (int64_t g = 0; g < n_group; ++g) {
-          gbest[size_t(g)] = *std::max_element(pr + g * group_size, pr + (g + 1) * group_size);
-          gorder[size_t(g)] = int32_t(g);
-        }
-        std::partial_sort(gorder.begin(), gorder.begin() + c.topk_group, gorder.end(), [&](int32_t a, int32_t b) {
-          return gbest[size_t(a)] > gbest[size_t(b)] || (gbest[size_t(a)] == gbest[size_t(b)] && a < b);
-        });
-        std::fill(masked.begin(), masked.end(), 0.f);
-        for (int64_t k = 0; k < c.topk_group; ++k) {
-          const int64_t g = gorder[size_t(k)];
-          std::copy(pr + g * group_size, pr + (g + 1) * group_size, masked.begin() + g * group_size);
-        }
-        score = masked.data();
-      }
-      for (int32_t e = 0; e < E; ++e) order[size_t(e)] = e;
-      std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int32_t a, int32_t b) {
-        return score[a] > score[b] || (score[a] == score[b] && a < b);
-      });
-      float sum = 0;
-      for (int64_t k = 0; k < K; ++k) sum += pr[order[size_t(k)]];
-      for (int64_t k = 0; k < K; ++k) {
-        const float p = pr[order[size_t(k)]];
-        pick[size_t(t * K + k)] = order[size_t(k)];
-        weight[size_t(t * K + k)] = c.norm_topk_prob ? p / sum : scaled ? p * rsf : p;
-      }
-    }
-  });
-  // Tokens of each expert, in token order.
-  std::vector<std::vector<int64_t>> rows(static_cast<size_t>(E));
-  std::vector<std::vector<float>> wts(static_cast<size_t>(E));
-  for (int64_t i = 0; i < N * K; ++i) {
-    rows[size_t(pick[size_t(i)])].push_back(i / K);
-    wts[size_t(pick[size_t(i)])].push_back(weight[size_t(i)]);
-  }
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t n = int64_t(rows[size_t(e)].size());
-    if (n == 0) continue;
-    const at::Tensor idx = at::from_blob(rows[size_t(e)].data(), {n}, at::kLong);
-    const at::Tensor we = at::from_blob(wts[size_t(e)].data(), {n, 1}, at::kFloat);
-    at::Tensor xe = ws.moe_x.narrow(0, 0, n), gu = ws.moe_gate_up.narrow(0, 0, n);
-    at::Tensor act = ws.moe_act.narrow(0, 0, n), out = ws.moe_out.narrow(0, 0, n);
-    at::index_select_out(xe, ws.h, 0, idx);
-    at::mm_out(gu, xe, L.expert_gate_up[size_t(e)].t());
-    at::silu_out(act, gu.narrow(1, 0, Ie));
-    act.mul_(gu.narrow(1, Ie, Ie));
-    at::mm_out(out, act, L.expert_down[size_t(e)].t());
-    out.mul_(we);
-    x.index_add_(0, idx, out);
-  }
-  if (L.shared_gate_up.defined()) {  // DeepSeekMoE: x += shared(h), every token
-    const int64_t Is = L.shared_down.size(1);
-    at::mm_out(ws.shared_gate_up, ws.h, L.shared_gate_up.t());
-    at::silu_out(ws.shared_act, ws.shared_gate_up.narrow(1, 0, Is));
-    ws.shared_act.mul_(ws.shared_gate_up.narrow(1, Is, Is));
-    x.addmm_(ws.shared_act, L.shared_down.t());
   }
 }
 

@@ -1,7 +1,7 @@
 #pragma once
-// The forward's kernels, apart from the layer loop that calls them (model.cpp): RoPE tables and
+// The forward's kernels, apart from the layer loop that calls them (parts/decoder_layer.cpp): RoPE tables and
 // the one fp32 RoPE kernel, RMSNorm, the per-forward Workspace, causal/sliding-window attention
-// (plain and with a protected cache), and the MoE MLP. Internal to kvq_model.
+// (plain and with a protected cache). Internal to kvq_model.
 #include <ATen/ATen.h>
 
 #include <atomic>
@@ -93,12 +93,5 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_
 // P_full·V + P_coded·V_coded. A block without coded pairs is attention()'s block, unchanged.
 void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, int64_t sink,
                          int64_t recent);
-
-// x += Σ_kept p_e · SwiGLU_e(ws.h) for the top-k experts of each token (router softmax in fp32);
-// DeepSeekMoE: group-limited selection, routed_scaling_factor, and + shared(ws.h) last.
-// Only chosen experts run: the tokens routed to expert e are gathered, one GEMM chain per expert,
-// scaled by their weights and added back in expert order. Top-k ties go to the lower expert index
-// (torch.topk leaves tie order unspecified; exact ties of fp32 router probabilities are rare).
-void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Tensor& x);
 
 }  // namespace kvq::detail

@@ -1,0 +1,107 @@
+#include "decoder_layer.hpp"
+
+#include "mla.hpp"
+#include "moe.hpp"
+
+namespace kvq::detail {
+
+// Decoder layer l on one batch: x += attention(norm(x)); x += mlp(norm(x)), with the observer and
+// the K/V hooks of opts.
+void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace& ws, Pass& p,
+                const Model::ForwardOptions& opts) {
+  const int64_t B = p.B, T = p.T, N = B * T;
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim, I = c.intermediate_size;
+  const int64_t qd = H * d, kvd = Hk * d;
+  at::Tensor& x = p.x;
+  rms_norm(x, L.attn_norm, c.rms_norm_eps, ws.h);
+  if (c.is_mla()) {
+    mla_project(c, L, ws);
+  } else {
+    if (L.bqkv.defined())
+      at::addmm_out(ws.qkv, L.bqkv, ws.h, L.wqkv.t());
+    else
+      at::mm_out(ws.qkv, ws.h, L.wqkv.t());
+    ws.q.copy_(ws.qkv.narrow(1, 0, qd));
+    ws.k.copy_(ws.qkv.narrow(1, qd, kvd));
+    ws.v.copy_(ws.qkv.narrow(1, qd + kvd, kvd));
+  }
+  if (L.q_norm.defined()) {  // Qwen3: per-head RMSNorm before RoPE (in place: row-wise, read then write)
+    at::Tensor qr = ws.q.view({N * H, d}), kr = ws.k.view({N * Hk, d});
+    rms_norm(qr, L.q_norm, c.rms_norm_eps, qr);
+    rms_norm(kr, L.k_norm, c.rms_norm_eps, kr);
+  }
+  if (opts.observer) {
+    LayerCapture cap;
+    cap.layer = l;
+    cap.batch = int(B);
+    cap.seq = int(T);
+    cap.n_heads = int(H);
+    cap.n_kv_heads = int(Hk);
+    cap.head_dim = int(d);
+    cap.head_dim_v = c.head_dim_v;
+    cap.q = ws.q.data_ptr<float>();
+    cap.k = ws.k.data_ptr<float>();
+    cap.v = ws.v.data_ptr<float>();
+    cap.positions = p.positions.data();
+    opts.observer->on_layer(cap);
+  }
+  // The pre-RoPE K/V of this layer as the hooks see them (k, v: the buffers they may rewrite).
+  auto layer_kv = [&](at::Tensor& k, at::Tensor& v) {
+    LayerKv kv;
+    kv.layer = l;
+    kv.batch = int(B);
+    kv.seq = int(T);
+    kv.n_kv_heads = int(Hk);
+    kv.head_dim = int(d);
+    kv.head_dim_v = c.head_dim_v;
+    kv.k = k.data_ptr<float>();
+    kv.v = v.data_ptr<float>();
+    kv.positions = p.positions.data();
+    return kv;
+  };
+  if (opts.kv_transform) {
+    LayerKv kv = layer_kv(ws.k, ws.v);
+    opts.kv_transform->apply(kv);
+  }
+  if (opts.protected_kv) {
+    ws.kq.copy_(ws.k);
+    ws.vq.copy_(ws.v);
+    LayerKv kv = layer_kv(ws.kq, ws.vq);
+    opts.protected_kv->code(kv);
+    rope_rows(ws.kq.data_ptr<float>(), B, int(T), Hk, int(d), p.rope, c.pairing, false);
+  }
+  rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), p.rope, c.pairing, false);
+  rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), p.rope, c.pairing, false);
+  if (opts.protected_kv)
+    attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent);
+  else
+    attention(ws, B, T, c, c.window_of(l));
+  const at::Tensor& o_in = c.is_mla() ? mla_output(c, L, ws) : ws.attn;
+  if (L.post_attn_norm.defined()) {  // GLM-4-0414: x += norm(o_proj(attn)); ws.h is free here
+    at::mm_out(ws.h, o_in, L.wo.t());
+    if (L.bo.defined()) ws.h.add_(L.bo);
+    rms_norm(ws.h, L.post_attn_norm, c.rms_norm_eps, ws.h);  // row-wise: read, then write
+    x.add_(ws.h);
+  } else {
+    if (L.bo.defined()) x.add_(L.bo);
+    x.addmm_(o_in, L.wo.t());
+  }
+
+  rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
+  if (L.router.defined()) {
+    moe_mlp(ws, L, c, x);
+  } else {
+    at::mm_out(ws.gate_up, ws.h, L.w_gate_up.t());
+    at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
+    ws.act.mul_(ws.gate_up.narrow(1, I, I));
+    if (L.post_mlp_norm.defined()) {  // x += norm(mlp(...)); ws.h was consumed by gate_up
+      at::mm_out(ws.h, ws.act, L.w_down.t());
+      rms_norm(ws.h, L.post_mlp_norm, c.rms_norm_eps, ws.h);
+      x.add_(ws.h);
+    } else {
+      x.addmm_(ws.act, L.w_down.t());
+    }
+  }
+}
+
+}  // namespace kvq::detail

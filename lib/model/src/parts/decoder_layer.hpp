@@ -1,0 +1,33 @@
+#pragma once
+// The pre-norm decoder layer every family kvq opens computes today (x += attention(norm(x));
+// x += mlp(norm(x))), with the pieces a config switches on: q/k/v biases, per-head q/k norms, MLA's
+// absorbed projection, sandwich norms, dense or MoE MLP. A family whose layer differs brings its
+// own function of this signature (Family::layer). Internal to kvq_model.
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "forward_kernels.hpp"
+#include "kvq/model/config.hpp"
+#include "kvq/model/model.hpp"
+#include "weights.hpp"
+
+namespace kvq::detail {
+
+// One batch's state through the layers: positions, RoPE table and the residual stream x [N, D].
+struct Pass {
+  int64_t B = 0, T = 0;
+  std::vector<int64_t> positions;
+  RopeTable rope;
+  at::Tensor x;
+};
+
+// Layer l of the model on one batch: reads and updates p.x, calls opts' observer and K/V hooks.
+using LayerFn = void (*)(const ModelConfig& c, const LayerWeights& L, int l, Workspace& ws, Pass& p,
+                         const Model::ForwardOptions& opts);
+
+void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace& ws, Pass& p,
+                   const Model::ForwardOptions& opts);
+
+}  // namespace kvq::detail

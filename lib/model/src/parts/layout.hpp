@@ -1,0 +1,104 @@
+#pragma once
+// How a checkpoint's tensors become a layer's fp32 weights: a family names its tensors, the shared
+// plans here say which LayerWeights tensor each fills and with what shape. One plan serves the
+// checks before anything is converted, the conversion (whole-model and streamed), the pages dropped
+// after a layer, the stored and the fp32 bytes. Internal to kvq_model.
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "kvq/model/config.hpp"
+#include "safetensors.hpp"
+#include "weights.hpp"
+
+namespace kvq::detail {
+
+// A checkpoint tensor with the shape the config implies.
+struct WantTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+// One LayerWeights tensor and the checkpoint tensors it is made of, in check order: one part loads
+// as it is; several stack as row ranges of one tensor (1-D parts concatenate).
+struct Slot {
+  std::function<at::Tensor&(LayerWeights&)> dst;
+  std::vector<WantTensor> parts;
+};
+using LayerPlan = std::vector<Slot>;
+
+// Where each tensor of an opened checkpoint lives (one file, or the shard the index names).
+struct TensorIndex {
+  std::map<std::string, const SafetensorsFile*> owner;
+  std::string source;  // the file named when a tensor is absent (model.safetensors or the index)
+
+  bool has(const std::string& name) const { return owner.count(name) != 0; }
+  // The file holding `name`; throws kvq::Error naming the source when it is absent.
+  const SafetensorsFile& file_of(const std::string& name) const;
+};
+
+struct GlobalNames {
+  std::string embed, final_norm, lm_head;
+};
+// model.embed_tokens.weight, model.norm.weight, lm_head.weight.
+GlobalNames llama_global_names();
+
+struct ExpertNames {
+  std::string gate, up, down;
+};
+
+// The tensor names of the common pre-norm decoder layer; a family fills the ones its layout has.
+// Fused tensors hold their parts as row ranges: qkv = [Q; K; V], gate_up = [gate; up].
+struct LayerNames {
+  std::string attn_norm, ffn_norm;
+  std::string qkv;         // fused [Q; K; V] weight, or empty: q, k, v below
+  std::string qkv_bias;    // the fused bias (qkv set and c.qkv_bias)
+  std::string q, k, v;     // split projections without ".weight" (their biases are ".bias")
+  std::string o, o_bias;
+  std::string q_norm, k_norm;                 // c.qk_norm
+  std::string post_attn_norm, post_mlp_norm;  // c.sandwich_norm
+  std::string gate_up;                        // fused [gate; up], or empty: gate, up below
+  std::string gate, up, down;
+  // MoE layers: the router, expert e's projections, and the shared experts' (c.n_shared_experts).
+  std::string router;
+  std::string router_bias;  // DeepSeek-V3's e_score_correction_bias [E], or empty (softmax routers)
+  std::function<ExpertNames(int expert)> expert;
+  ExpertNames shared;
+};
+
+// model.layers.{l}.mlp.experts.{e}.{gate,up,down}_proj.weight (Qwen3-MoE, DeepSeekMoE).
+ExpertNames llama_expert_names(int l, int e);
+
+// Llama's names for layer l: model.layers.{l}.{input_layernorm, self_attn.{q,k,v,o}_proj,
+// post_attention_layernorm, mlp.{gate,up,down}_proj, self_attn.{q,k}_norm, mlp.gate,
+// mlp.experts.{e}.*, mlp.shared_experts.*}.
+LayerNames llama_layer_names(int l);
+
+// The pre-norm decoder layer in check order: attn_norm; the attention (`attention` when given, else
+// q/k/v or fused qkv with their biases and o); o's bias, q/k norms and sandwich norms as the config
+// states; ffn_norm; the MLP (dense SwiGLU, or router + experts + shared experts on MoE layers).
+LayerPlan decoder_plan(const ModelConfig& c, int l, const LayerNames& n, const LayerPlan* attention = nullptr);
+
+// The checkpoint tensors a plan reads, in check order.
+std::vector<WantTensor> plan_tensors(const LayerPlan& plan);
+// fp32 bytes of the LayerWeights a plan fills.
+int64_t plan_fp32_bytes(const LayerPlan& plan);
+
+// config.json's expert count (key `key`) against the tensors present: an expert numbered past the
+// count, or one missing, is a config/weights mismatch named as such.
+void check_expert_count(const ModelConfig& c, const std::string& config_path, const TensorIndex& t,
+                        const std::string& key, const std::function<ExpertNames(int layer, int expert)>& names);
+
+}  // namespace kvq::detail
+
+namespace kvq::detail {
+
+// The Llama layout as a family's hooks: llama_global_names(), and decoder_plan over
+// llama_layer_names(l).
+GlobalNames llama_globals(const ModelConfig& c);
+LayerPlan llama_plan(const ModelConfig& c, int l, const TensorIndex& t);
+
+}  // namespace kvq::detail
