@@ -97,7 +97,7 @@ TEST(DiskSpace, FailedReservationIsAnErrorNotASignal) {
   }
   ::close(err[1]);
   int status = 0;
-  if (!kvq::test::wait_bounded(pid, &status)) FAIL() << "the child did not end within 10 s";
+  if (!kvq::test::wait_bounded(pid, &status)) FAIL() << "the child did not end within 120 s";
   std::string m;
   char buf[512];
   for (ssize_t k; (k = ::read(err[0], buf, sizeof buf)) > 0;) m.append(buf, size_t(k));
