@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -109,4 +110,19 @@ TEST(DiskSpace, FailedReservationIsAnErrorNotASignal) {
   EXPECT_NE(m.find(std::to_string(size_t(8) << 20) + " bytes"), std::string::npos) << m;
   EXPECT_TRUE(empty_dir(d));
   fs::remove_all(d);
+}
+
+// The payload and spill files have no name at any moment a signal could end the process (issue 38:
+// the fault table's SIGTERM at the payload probe's creation left `.kvq-payload-XXXXXX` behind).
+TEST(DiskSpace, UnnamedTempLeavesNoName) {
+  const std::string d = kvq::test::temp_path("unnamed");
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  const int fd = kvq::open_unnamed_temp(d, ".kvq-test-");
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  EXPECT_EQ(::write(fd, "x", 1), 1);
+  EXPECT_TRUE(empty_dir(d));
+  ::close(fd);
+  EXPECT_TRUE(empty_dir(d));
+  EXPECT_LT(kvq::open_unnamed_temp(d + "/missing", ".kvq-test-"), 0);
 }
