@@ -46,8 +46,10 @@ inline CmdResult run_cmd(const std::string& cmd) {
 inline std::string bin(const std::string& tool) { return std::string(KVQ_BIN_DIR) + "/" + tool; }
 
 // waitpid bounded by `seconds`: true when the child ended (its status in *status); otherwise it is
-// killed, reaped and false — a child that does not end is a failure, never a hang.
-inline bool wait_bounded(pid_t pid, int* status, int seconds = 10) {
+// killed, reaped and false — a child that does not end is a failure, never a hang. The bound is
+// far above what any caller needs (a child that has been signalled, or ends at once), so a loaded
+// machine does not reach it.
+inline bool wait_bounded(pid_t pid, int* status, int seconds = 120) {
   for (int i = 0; i < seconds * 100; ++i) {
     const pid_t got = ::waitpid(pid, status, WNOHANG);
     if (got == pid) return true;

@@ -10,8 +10,11 @@
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
+#include <string>
+#include <vector>
 
 #include "kvq/util/atomic_file.hpp"
+#include "kvq/util/error.hpp"
 #include "run_cmd.hpp"
 
 namespace fs = std::filesystem;
@@ -83,7 +86,7 @@ TEST(AtomicFile, FatalSignalMidWriteRemovesTheTemporary) {
     ::kill(pid, sig);
     // Bounded wait: a child that survives its signal is a failure, not a hang.
     int status = 0;
-    if (!kvq::test::wait_bounded(pid, &status)) FAIL() << "the writer did not end within 10 s of signal " << sig;
+    if (!kvq::test::wait_bounded(pid, &status)) FAIL() << "the writer did not end within 120 s of signal " << sig;
     EXPECT_TRUE(WIFEXITED(status)) << "died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
     if (WIFEXITED(status)) {
       EXPECT_EQ(WEXITSTATUS(status), 128 + sig);
@@ -121,4 +124,188 @@ TEST(AtomicFile, RewriteRemovesTemporariesOfDeadWriters) {
   fs::remove(live);
   fs::remove(other);
   fs::remove(out);
+}
+
+// ---- OutputBatch and its directories (issue 38: kvq-inspect --plots left a `plots` directory when
+// its output directory was removed mid-run and re-made).
+namespace {
+
+std::vector<std::string> listing(const fs::path& d) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(d, ec), end; !ec && it != end; it.increment(ec))
+    names.push_back(fs::relative(it->path(), d).string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = kvq::test::temp_path(name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+}  // namespace
+
+// A new output directory is built aside (hidden) and appears whole at commit, with its files.
+TEST(OutputBatch, NewDirectoryAppearsWholeAtCommit) {
+  const fs::path d = fresh_dir("batch-new");
+  {
+    kvq::OutputBatch batch;
+    kvq::make_output_dir((d / "plots/").string(), "--plots");
+    kvq::write_file_atomically((d / "plots" / "a.png").string(), "a");
+    kvq::write_file_atomically((d / "j.json").string(), "j");
+    EXPECT_FALSE(fs::exists(d / "plots")) << "nothing at the target before commit";
+    ASSERT_EQ(listing(d).size(), 3u);  // the hidden directory, its file, j's temporary
+    batch.commit();
+  }
+  EXPECT_EQ(listing(d), (std::vector<std::string>{"j.json", "plots", "plots/a.png"}));
+  EXPECT_EQ(kvq::read_file((d / "plots/a.png").string()), "a");
+}
+
+// An uncommitted batch takes its hidden directory and the parents it made with it; an existing
+// directory's earlier files stay as they were.
+TEST(OutputBatch, UncommittedLeavesOnlyWhatWasThere) {
+  const fs::path d = fresh_dir("batch-drop");
+  fs::create_directories(d / "old");
+  kvq::write_file_atomically((d / "old/x.png").string(), "earlier");
+  {
+    kvq::OutputBatch batch;
+    kvq::make_output_dir((d / "p/q/r").string(), "--plots");
+    kvq::write_file_atomically((d / "p/q/r/a.png").string(), "a");
+    kvq::make_output_dir((d / "old").string(), "--plots");
+    kvq::write_file_atomically((d / "old/x.png").string(), "new");
+    ASSERT_TRUE(fs::is_directory(d / "p/q")) << "parents are made at once";
+  }
+  EXPECT_EQ(listing(d), (std::vector<std::string>{"old", "old/x.png"}));
+  EXPECT_EQ(kvq::read_file((d / "old/x.png").string()), "earlier");
+}
+
+// The output directory removed mid-run and made again (by whatever): commit fails with one error
+// and leaves nothing of the run, neither in the re-made directory nor a `plots` in it.
+TEST(OutputBatch, OutputDirectoryRemovedAndRemadeLeavesNothing) {
+  const fs::path d = fresh_dir("batch-vanish");
+  const fs::path o = d / "o";
+  fs::create_directories(o);
+  {
+    kvq::OutputBatch batch;
+    kvq::make_output_dir((o / "plots").string(), "--plots");
+    kvq::write_file_atomically((o / "plots/a.png").string(), "a");
+    kvq::write_file_atomically((o / "i.json").string(), "j");
+    fs::remove_all(o);
+    fs::create_directories(o);
+    try {
+      batch.commit();
+      ADD_FAILURE() << "commit succeeded with its temporaries gone";
+    } catch (const kvq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot rename temporary into place"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(listing(o).empty()) << listing(o).front();
+}
+
+// One temporary gone before commit (what a racing `rm -rf` of the output directory leaves: some
+// files removed, a directory it could not remove): nothing is renamed and the new `plots` is gone
+// too (the fault table's failure: "left behind: plots").
+TEST(OutputBatch, CommitFailureLeavesNoNewDirectory) {
+  const fs::path d = fresh_dir("batch-commit");
+  {
+    kvq::OutputBatch batch;
+    kvq::make_output_dir((d / "plots").string(), "--plots");
+    kvq::write_file_atomically((d / "plots/a.png").string(), "a");
+    kvq::write_file_atomically((d / "i.json").string(), "j");
+    fs::remove(d / ("i.json.tmp." + std::to_string(::getpid())));
+    EXPECT_THROW(batch.commit(), kvq::Error);
+  }
+  const auto left = listing(d);
+  EXPECT_TRUE(left.empty()) << left.front();
+}
+
+// Only the hidden directory gone (the file beside it still there): nothing is renamed, so the
+// earlier file stays as it was.
+TEST(OutputBatch, MissingPieceRenamesNothing) {
+  const fs::path d = fresh_dir("batch-piece");
+  kvq::write_file_atomically((d / "i.json").string(), "earlier");
+  {
+    kvq::OutputBatch batch;
+    kvq::make_output_dir((d / "plots").string(), "--plots");
+    kvq::write_file_atomically((d / "plots/a.png").string(), "a");
+    kvq::write_file_atomically((d / "i.json").string(), "new");
+    for (const auto& e : fs::directory_iterator(d))
+      if (e.path().filename().string().rfind(".plots.kvq-tmp.", 0) == 0) fs::remove_all(e.path());
+    EXPECT_THROW(batch.commit(), kvq::Error);
+  }
+  EXPECT_EQ(listing(d), (std::vector<std::string>{"i.json"}));
+  EXPECT_EQ(kvq::read_file((d / "i.json").string()), "earlier");
+}
+
+// A hidden directory of a process that no longer runs (SIGKILL) is removed when the target is made
+// again; a live one's (this test's parent) stays.
+TEST(OutputBatch, DeadBuildDirectoriesAreRemoved) {
+  const fs::path d = fresh_dir("batch-dead");
+  const pid_t dead = ::fork();
+  ASSERT_GE(dead, 0);
+  if (dead == 0) ::_exit(0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(dead, &status, 0), dead);
+  const fs::path stale = d / (".plots.kvq-tmp." + std::to_string(dead));
+  const fs::path live = d / (".plots.kvq-tmp." + std::to_string(::getppid()));
+  fs::create_directories(stale / "sub");
+  fs::create_directories(live);
+  {
+    kvq::OutputBatch batch;
+    kvq::make_output_dir((d / "plots").string(), "--plots");
+    kvq::write_file_atomically((d / "plots/a.png").string(), "a");
+    batch.commit();
+  }
+  EXPECT_FALSE(fs::exists(stale));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(d / "plots/a.png"));
+}
+
+// SIGTERM while the batch is open: the handler removes the temporaries, the hidden directory and
+// the parents the batch made; exit 143 with one line.
+TEST(OutputBatch, SignalRemovesHiddenDirectoryAndMadeParents) {
+  const fs::path d = fresh_dir("batch-signal");
+  int ready[2], err[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(err), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::close(ready[0]);
+    ::close(err[0]);
+    ::dup2(err[1], 2);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);  // explicit: nohup/CI may ignore them
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    kvq::OutputBatch batch;
+    kvq::make_output_dir((d / "x/y/plots").string(), "--plots");
+    kvq::make_output_dir((d / "x/y/plots/sub").string(), "--plots");
+    kvq::write_file_atomically((d / "x/y/plots/sub/a.png").string(), "a");
+    kvq::write_file_atomically((d / "j.json").string(), "j");
+    const char c = 1;
+    (void)!::write(ready[1], &c, 1);
+    for (;;) ::pause();
+  }
+  ::close(ready[1]);
+  ::close(err[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::close(ready[0]);
+  EXPECT_FALSE(listing(d).empty());
+  ::kill(pid, SIGTERM);
+  int status = 0;
+  if (!kvq::test::wait_bounded(pid, &status)) FAIL() << "the child did not end after SIGTERM";
+  std::string line;
+  char buf[512];
+  for (ssize_t n; (n = ::read(err[0], buf, sizeof buf)) > 0;) line.append(buf, size_t(n));
+  ::close(err[0]);
+  ASSERT_TRUE(WIFEXITED(status)) << "died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << line;
+  const auto left = listing(d);
+  EXPECT_TRUE(left.empty()) << left.front();
 }

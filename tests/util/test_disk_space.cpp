@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -97,7 +98,7 @@ TEST(DiskSpace, FailedReservationIsAnErrorNotASignal) {
   }
   ::close(err[1]);
   int status = 0;
-  if (!kvq::test::wait_bounded(pid, &status)) FAIL() << "the child did not end within 10 s";
+  if (!kvq::test::wait_bounded(pid, &status)) FAIL() << "the child did not end within 120 s";
   std::string m;
   char buf[512];
   for (ssize_t k; (k = ::read(err[0], buf, sizeof buf)) > 0;) m.append(buf, size_t(k));
@@ -109,4 +110,19 @@ TEST(DiskSpace, FailedReservationIsAnErrorNotASignal) {
   EXPECT_NE(m.find(std::to_string(size_t(8) << 20) + " bytes"), std::string::npos) << m;
   EXPECT_TRUE(empty_dir(d));
   fs::remove_all(d);
+}
+
+// The payload and spill files have no name at any moment a signal could end the process (issue 38:
+// the fault table's SIGTERM at the payload probe's creation left `.kvq-payload-XXXXXX` behind).
+TEST(DiskSpace, UnnamedTempLeavesNoName) {
+  const std::string d = kvq::test::temp_path("unnamed");
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  const int fd = kvq::open_unnamed_temp(d, ".kvq-test-");
+  ASSERT_GE(fd, 0) << std::strerror(errno);
+  EXPECT_EQ(::write(fd, "x", 1), 1);
+  EXPECT_TRUE(empty_dir(d));
+  ::close(fd);
+  EXPECT_TRUE(empty_dir(d));
+  EXPECT_LT(kvq::open_unnamed_temp(d + "/missing", ".kvq-test-"), 0);
 }

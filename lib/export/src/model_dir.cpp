@@ -180,21 +180,6 @@ void put(const std::string& path, const std::string& bytes) {
   }
 }
 
-// Hidden siblings of `target` left by runs that no longer exist (killed while building): removed.
-void remove_stale_siblings(const fs::path& target) {
-  const std::string prefix = "." + target.filename().string() + ".kvq-tmp.";
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(target.parent_path(), ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(prefix, 0) != 0) continue;
-    const std::string pid = name.substr(prefix.size());
-    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
-    if (::kill(pid_t(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
-    std::error_code rm;
-    fs::remove_all(e.path(), rm);
-  }
-}
-
 // The hidden sibling directory, removed with everything in it unless released.
 struct TempDir {
   std::string path;
@@ -268,8 +253,8 @@ std::vector<std::string> write_model_dir(const HfModelDir& m, const std::string&
 
   fs::path target = fs::absolute(out, ec);
   if (target.filename().empty()) target = target.parent_path();  // "dir/"
-  make_output_dir(target.parent_path().string(), "--out");
-  remove_stale_siblings(target);
+  make_parent_dirs(target.parent_path().string(), "--out");
+  remove_dead_build_dirs(target.string());
   HeldSignals held;  // before tmp: an error removes the directory before a pending signal is taken
   const int pause_ms = test_pause_ms();
   TempDir tmp;

@@ -1,6 +1,7 @@
 #include "kvq/util/atomic_file.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -43,6 +44,17 @@ struct Slot {
 };
 Slot g_slots[kSlots];
 std::mutex g_slots_mu;
+// Directories an OutputBatch made (hidden siblings being built, parents it created), in the order
+// made: after the files above are unlinked, the handlers rmdir them newest first (only empty ones go).
+constexpr int kDirSlots = 64;
+Slot g_dir_slots[kDirSlots];
+
+void remove_registered(void) {
+  for (auto& s : g_slots)
+    if (s.used.load()) ::unlink(s.path);
+  for (int i = kDirSlots - 1; i >= 0; --i)
+    if (g_dir_slots[i].used.load()) ::rmdir(g_dir_slots[i].path);
+}
 
 // Fault guard (fault_guard.hpp): the file being read when a fault is turned into an error.
 char g_fault_file[4096];
@@ -69,8 +81,7 @@ std::mutex g_note_mu;
 // 128 + the signal (130, 143, 129) — a stop, not a death by the signal. Only async-signal-safe
 // calls (unlink, write, _exit) on fixed buffers.
 extern "C" void kvq_remove_temporaries_and_exit(int sig) {
-  for (auto& s : g_slots)
-    if (s.used.load()) ::unlink(s.path);
+  remove_registered();
   write_all(2, program_invocation_short_name);
   write_all(2, sig == SIGINT ? ": interrupted by SIGINT; " : sig == SIGTERM ? ": interrupted by SIGTERM; " : ": interrupted by SIGHUP; ");
   const int n = g_note.load();
@@ -85,8 +96,7 @@ extern "C" void kvq_fault_to_error(int sig) {
     std::raise(sig);
     return;
   }
-  for (auto& s : g_slots)
-    if (s.used.load()) ::unlink(s.path);
+  remove_registered();
   write_all(2, program_invocation_short_name);
   write_all(2, ": error: ");
   write_all(2, g_fault_file);
@@ -205,31 +215,125 @@ FaultGuard::~FaultGuard() {
 
 namespace {
 
-// The open OutputBatch's finished temporaries (and their signal slots) and the directories it made.
+namespace fs = std::filesystem;
+
+// Registers a directory for the signal handlers' rmdir (after the files) while alive; newer
+// directories take higher slots, so the handler removes the innermost first.
+class DirGuard {
+ public:
+  explicit DirGuard(const std::string& dir) {
+    install_handlers_once();
+    if (dir.size() >= sizeof(Slot::path)) return;
+    std::lock_guard<std::mutex> lock(g_slots_mu);
+    int next = 0;
+    for (int i = 0; i < kDirSlots; ++i)
+      if (g_dir_slots[i].used.load()) next = i + 1;
+    if (next >= kDirSlots) return;
+    std::memcpy(g_dir_slots[next].path, dir.c_str(), dir.size() + 1);
+    g_dir_slots[next].used.store(1);
+    slot_ = next;
+  }
+  ~DirGuard() {
+    if (slot_ >= 0) g_dir_slots[slot_].used.store(0);
+  }
+  DirGuard(const DirGuard&) = delete;
+  DirGuard& operator=(const DirGuard&) = delete;
+
+ private:
+  int slot_ = -1;
+};
+
+// The open OutputBatch: its finished temporaries (and their signal slots), the new output
+// directories it builds as hidden siblings, and the parent directories it created.
 struct Batch {
   struct Kept {
-    std::string tmp, path;
+    std::string tmp, path, shown;  // shown: the path the tool asked for (path may be in a hidden directory)
     std::unique_ptr<TemporaryGuard> guard;
   };
+  struct Building {
+    std::string target, tmp, field;
+    std::unique_ptr<DirGuard> guard;
+  };
+  struct Made {
+    std::string dir;
+    std::unique_ptr<DirGuard> guard;
+  };
   std::vector<Kept> kept;
-  std::vector<std::string> made_dirs;
+  std::vector<Building> building;
+  std::vector<Made> made_dirs;  // outermost first
+
+  // `path` with a directory being built replaced by its hidden sibling; `path` itself otherwise.
+  std::string map(const std::string& path) const {
+    if (building.empty()) return path;
+    std::error_code ec;
+    const std::string p = fs::absolute(path, ec).lexically_normal().string();
+    for (const auto& b : building) {
+      if (p == b.target || p == b.target + "/") return b.tmp;
+      if (p.compare(0, b.target.size() + 1, b.target + "/") == 0) return b.tmp + p.substr(b.target.size());
+    }
+    return path;
+  }
 };
 std::mutex g_batch_mu;
 Batch* g_batch = nullptr;
 
-void rename_into_place(const std::string& tmp, const std::string& path) {
+void rename_into_place(const std::string& tmp, const std::string& path, const std::string& shown) {
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     std::remove(tmp.c_str());
-    throw Error(path, "", std::string("cannot rename temporary into place: ") + std::strerror(e));
+    throw Error(shown, "", std::string("cannot rename temporary into place: ") + std::strerror(e));
   }
   auto slash = path.find_last_of('/');
   fsync_path(slash == std::string::npos ? "." : path.substr(0, slash + 1));
 }
 
+// An uncommitted batch's leftovers: its temporaries, its hidden directories with everything in
+// them (each is this process's own), the directories it created (each only when empty).
+void discard(Batch& b) {
+  for (const auto& k : b.kept)
+    if (k.guard) std::remove(k.tmp.c_str());
+  for (const auto& d : b.building) {
+    std::error_code ec;
+    if (d.guard) fs::remove_all(d.tmp, ec);
+  }
+  for (auto it = b.made_dirs.rbegin(); it != b.made_dirs.rend(); ++it) {
+    std::error_code ec;
+    fs::remove(it->dir, ec);  // only when empty
+  }
+}
+
+fs::path normal_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec).lexically_normal();
+  if (p.filename().empty() && p.has_parent_path() && p != p.root_path()) p = p.parent_path();  // "dir/"
+  return p;
+}
+
+// create_directories(dir); with a batch open, the directories it creates are recorded (removed
+// when empty if the batch does not commit, and by the signal handlers). Caller holds g_batch_mu.
+void create_recorded(const fs::path& dir, const std::string& shown, const std::string& field) {
+  std::error_code ec;
+  std::vector<fs::path> fresh;  // innermost first
+  for (fs::path p = dir; !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
+    fresh.push_back(p);
+    if (p == p.parent_path()) break;
+  }
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(shown, field, "cannot create the directory: " + ec.message());
+  if (!fs::is_directory(dir, ec)) throw Error(shown, field, "exists and is not a directory");
+  if (!g_batch) return;
+  for (auto it = fresh.rbegin(); it != fresh.rend(); ++it)
+    g_batch->made_dirs.push_back({it->string(), std::make_unique<DirGuard>(it->string())});
+}
+
 }  // namespace
 
-void write_atomically(const std::string& path, const std::function<void(const std::string&)>& writer) {
+void write_atomically(const std::string& shown, const std::function<void(const std::string&)>& writer) {
+  std::string path = shown;
+  {
+    std::lock_guard<std::mutex> lock(g_batch_mu);
+    if (g_batch) path = g_batch->map(shown);  // into the hidden sibling of a directory being built
+  }
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   remove_stale_temporaries(path);
   auto guard = std::make_unique<TemporaryGuard>(tmp);
@@ -243,11 +347,11 @@ void write_atomically(const std::string& path, const std::function<void(const st
   {
     std::lock_guard<std::mutex> lock(g_batch_mu);
     if (g_batch) {  // renamed with the others when the batch commits
-      g_batch->kept.push_back({tmp, path, std::move(guard)});
+      g_batch->kept.push_back({tmp, path, shown, std::move(guard)});
       return;
     }
   }
-  rename_into_place(tmp, path);
+  rename_into_place(tmp, path, shown);
 }
 
 OutputBatch::OutputBatch() {
@@ -263,11 +367,7 @@ OutputBatch::~OutputBatch() {
     std::swap(b, g_batch);
   }
   if (!b) return;  // committed
-  for (const auto& k : b->kept) std::remove(k.tmp.c_str());
-  for (auto it = b->made_dirs.rbegin(); it != b->made_dirs.rend(); ++it) {
-    std::error_code ec;
-    std::filesystem::remove(*it, ec);  // only when empty
-  }
+  discard(*b);
   delete b;
 }
 
@@ -285,40 +385,78 @@ void OutputBatch::commit() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&block, sig);
   ::pthread_sigmask(SIG_BLOCK, &block, &old);
   try {
+    // Every piece still there before the first rename (an output directory removed mid-run takes
+    // its temporaries with it): a failure here leaves every earlier output as it was.
+    for (const auto& k : b->kept) {
+      struct stat st {};
+      if (::lstat(k.tmp.c_str(), &st) != 0)
+        throw Error(k.shown, "", std::string("cannot rename temporary into place: ") + std::strerror(errno));
+    }
+    for (const auto& d : b->building) {
+      std::error_code ec;
+      if (!fs::is_directory(d.tmp, ec))
+        throw Error(d.target, d.field, "cannot move the finished directory into place: the directory being built vanished");
+    }
     for (auto& k : b->kept) {
-      rename_into_place(k.tmp, k.path);
+      rename_into_place(k.tmp, k.path, k.shown);
       k.guard.reset();
     }
+    for (auto& d : b->building) {
+      // An empty directory made meanwhile is replaced; anything in it refuses the rename.
+      if (::rename(d.tmp.c_str(), d.target.c_str()) != 0)
+        throw Error(d.target, d.field, std::string("cannot move the finished directory into place: ") + std::strerror(errno));
+      d.guard.reset();
+      fsync_path(fs::path(d.target).parent_path().string());
+    }
   } catch (...) {
-    for (const auto& k : b->kept)
-      if (k.guard) std::remove(k.tmp.c_str());
+    discard(*b);
     ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
     throw;
   }
+  b->made_dirs.clear();  // theirs now: no handler removes them
   set_interrupt_note("every output was already written");
   ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }
 
 void make_output_dir(const std::string& dir, const std::string& field) {
-  namespace fs = std::filesystem;
   std::error_code ec;
-  fs::path first_new;  // the outermost directory this call creates
-  for (fs::path p = fs::absolute(dir, ec); !p.empty() && !fs::exists(p, ec); p = p.parent_path()) {
-    first_new = p;
-    if (p == p.parent_path()) break;
-  }
-  fs::create_directories(dir, ec);
-  if (ec) throw Error(dir, field, "cannot create the directory: " + ec.message());
-  if (first_new.empty()) return;
   std::lock_guard<std::mutex> lock(g_batch_mu);
-  if (!g_batch) return;
-  // Removed (innermost first, each only when empty) if the batch does not commit.
-  std::vector<std::string> chain;
-  for (fs::path p = fs::absolute(dir, ec); !p.empty(); p = p.parent_path()) {
-    chain.push_back(p.string());
-    if (p == first_new) break;
+  const fs::path target = normal_dir(dir);
+  if (!g_batch) return create_recorded(target, dir, field);
+  const std::string mapped = g_batch->map(target.string());
+  if (mapped != target.string()) return create_recorded(mapped, dir, field);  // inside one being built
+  if (fs::is_directory(target, ec)) return;  // its files are renamed in one by one at commit
+  if (fs::exists(target, ec)) throw Error(dir, field, "exists and is not a directory");
+  create_recorded(target.parent_path(), dir, field);
+  remove_dead_build_dirs(target.string());
+  const std::string tmp =
+      (target.parent_path() / ("." + target.filename().string() + ".kvq-tmp." + std::to_string(::getpid()))).string();
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directory(tmp, ec) || ec)
+    throw Error(dir, field, "cannot create the directory: " + (ec ? ec.message() : std::string("it exists")));
+  g_batch->building.push_back({target.string(), tmp, field, std::make_unique<DirGuard>(tmp)});
+}
+
+void make_parent_dirs(const std::string& dir, const std::string& field) {
+  std::lock_guard<std::mutex> lock(g_batch_mu);
+  const fs::path target = normal_dir(dir);
+  create_recorded(g_batch ? fs::path(g_batch->map(target.string())) : target, dir, field);
+}
+
+void remove_dead_build_dirs(const std::string& target) {
+  std::error_code ec;
+  const fs::path t = normal_dir(target);
+  const std::string prefix = "." + t.filename().string() + ".kvq-tmp.";
+  for (fs::directory_iterator it(t.parent_path(), ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const std::string pid = name.substr(prefix.size());
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    if (pid_t(std::stol(pid)) == ::getpid() || ::kill(pid_t(std::stol(pid)), 0) == 0 || errno != ESRCH)
+      continue;  // alive (or not ours to judge)
+    std::error_code rm;
+    fs::remove_all(it->path(), rm);
   }
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) g_batch->made_dirs.push_back(*it);
 }
 
 void write_file_atomically(const std::string& path, const std::string& bytes) {

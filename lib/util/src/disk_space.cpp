@@ -1,6 +1,7 @@
 #include "kvq/util/disk_space.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -39,16 +40,34 @@ void check_disk_space(const std::string& dir, int64_t need, const std::string& f
                   human_bytes(free) + " free");
 }
 
+int open_unnamed_temp(const std::string& dir0, const char* prefix) {
+  const std::string dir = dir0.empty() ? "." : dir0;
+  const int fd = ::open(dir.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0 || (errno != EOPNOTSUPP && errno != EISDIR && errno != EINVAL)) return fd;
+  // No O_TMPFILE here: a name for an instant, with the stop signals held so that a Ctrl-C or a
+  // kill cannot end the process between mkstemp and unlink (the interrupt handler removes
+  // registered temporaries, not this one).
+  std::string tmpl = dir + "/" + prefix + "XXXXXX";
+  sigset_t block, old;
+  sigemptyset(&block);
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&block, sig);
+  ::pthread_sigmask(SIG_BLOCK, &block, &old);
+  const int tfd = ::mkostemp(tmpl.data(), O_CLOEXEC);
+  const int e = errno;
+  if (tfd >= 0) ::unlink(tmpl.c_str());
+  ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  errno = e;
+  return tfd;
+}
+
 void* map_reserved_temp_file(const std::string& dir0, const char* prefix, size_t bytes, const std::string& field,
                              const std::string& what) {
   const std::string dir = dir0.empty() ? "." : dir0;
   // Refused before the reservation: posix_fallocate on a filesystem without fallocate writes
   // zeros, and would fill the disk before failing.
   check_disk_space(dir, int64_t(bytes), field, what);
-  std::string tmpl = dir + "/" + prefix + "XXXXXX";
-  const int fd = ::mkstemp(tmpl.data());
+  const int fd = open_unnamed_temp(dir, prefix);  // gone with the process, however it ends
   if (fd < 0) throw Error(dir, field, "cannot create " + what + ": " + std::strerror(errno));
-  ::unlink(tmpl.c_str());  // gone with the process, however it ends
   const int rc = bytes > 0 ? ::posix_fallocate(fd, 0, off_t(bytes)) : 0;
   if (rc != 0) {
     ::close(fd);

@@ -82,11 +82,9 @@ FileBacked::FileBacked(const std::string& dir) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (!r.dir.empty()) throw Error(dir, "", "a file-backed payload scope is already open");
-  std::string probe = (dir.empty() ? std::string(".") : dir) + "/.kvq-payload-XXXXXX";
-  const int fd = mkstemp(probe.data());
+  const int fd = open_unnamed_temp(dir, ".kvq-payload-");  // the directory takes files: said now, not mid-run
   if (fd < 0)
     throw Error(dir.empty() ? "." : dir, "", std::string("cannot create a temporary payload file: ") + std::strerror(errno));
-  unlink(probe.c_str());
   close(fd);
   r.dir = dir.empty() ? "." : dir;
 }

@@ -21,11 +21,14 @@ void install_interrupt_handlers();
 void set_interrupt_note(const std::string& note);
 
 // A tool's outputs as one: while a batch is alive, write_atomically keeps each finished (fsync'ed)
-// temporary instead of renaming it; commit() renames them all (signals held meanwhile). A batch
-// destroyed without commit — an error, an exception — removes them and the directories
-// make_output_dir made, and a signal's handler removes them too, so a tool that writes several
-// files (kvq-allocate --out + --manifest, kvq-inspect --json/--csv/--plots, kvq-export) leaves
-// every earlier output as it was and no partial set. One at a time per process.
+// temporary instead of renaming it, and a new output directory (make_output_dir) is built as the
+// hidden sibling `.<name>.kvq-tmp.<pid>`; commit() checks every piece is still there, then renames
+// them all (signals held meanwhile). A batch destroyed without commit — an error, an exception, a
+// failed commit — removes its temporaries, its hidden directories and the parents it created, and
+// a signal's handler removes them too, so a tool that writes several files (kvq-allocate --out +
+// --manifest, kvq-inspect --json/--csv/--plots, kvq-export) leaves every earlier output as it was
+// and no partial set, even when its output directory is removed (or re-made) mid-run. One at a
+// time per process.
 class OutputBatch {
  public:
   OutputBatch();
@@ -34,9 +37,18 @@ class OutputBatch {
   OutputBatch& operator=(const OutputBatch&) = delete;
   void commit();
 };
-// create_directories(dir) (kvq::Error naming `field` on failure); the directories it creates are
-// recorded in the open OutputBatch, which removes them (when empty) if it does not commit.
+// The directory `dir` that outputs are written into (kvq::Error naming `field` when it cannot be
+// made or is a file). Without a batch: create_directories. In a batch: an existing directory is
+// used as it is (its files are renamed in at commit); a new one is built as a hidden sibling that
+// write_atomically(dir/...) writes into and commit renames to `dir`; missing parents are created
+// and removed again (when empty) if the batch does not commit.
 void make_output_dir(const std::string& dir, const std::string& field);
+// create_directories(dir), recorded in the open batch like make_output_dir's parents (for a tool
+// that builds `dir/<name>` itself: kvq-export --model).
+void make_parent_dirs(const std::string& dir, const std::string& field);
+// Hidden siblings `.<name>.kvq-tmp.<pid>` of `target` whose process no longer runs (a SIGKILL)
+// are removed with everything in them.
+void remove_dead_build_dirs(const std::string& target);
 
 // Convenience for small text/binary payloads.
 void write_file_atomically(const std::string& path, const std::string& bytes);

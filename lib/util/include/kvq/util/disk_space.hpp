@@ -20,8 +20,13 @@ std::string human_bytes(int64_t bytes);
 // unknown.
 void check_disk_space(const std::string& dir, int64_t need, const std::string& field, const std::string& what);
 
-// An unlinked temporary file in `dir` (named <dir>/<prefix>XXXXXX while it is made, so nothing is
-// left however the process ends), its `bytes` reserved on disk (posix_fallocate), mapped shared
+// A file in `dir` that has no name: O_TMPFILE, or where the filesystem lacks it <dir>/<prefix>XXXXXX
+// unlinked at once, SIGINT/SIGTERM/SIGHUP held meanwhile — so nothing is left however the process
+// ends (a SIGKILL in that instant aside, on such a filesystem). Returns the fd (O_RDWR, O_CLOEXEC),
+// or -1 with errno set.
+int open_unnamed_temp(const std::string& dir, const char* prefix);
+
+// An unlinked temporary file in `dir` (open_unnamed_temp), its `bytes` reserved on disk (posix_fallocate), mapped shared
 // read-write. A full disk is a kvq::Error naming dir, the bytes needed and the bytes free — never
 // a SIGBUS at the first store the filesystem cannot hold. Unmap with munmap(p, bytes).
 void* map_reserved_temp_file(const std::string& dir, const char* prefix, size_t bytes, const std::string& field,
