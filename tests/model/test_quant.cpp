@@ -619,6 +619,12 @@ TEST(QuantErrors, OneLineEach) {
   // A tensor no file holds.
   expect_error([&] { describe_weight(ck.lookup(), qc_of(kDeepSeek), "model.layers.0.self_attn.q_b_proj.weight"); },
                {"q_b_proj.weight", "missing"});
+  // An index that names a shard lacking the tensor.
+  const TensorLookup lk = ck.lookup();
+  const SafetensorsFile* first = lk.find(X);
+  const TensorLookup liar{[&](const std::string&) { return first; }, "idx"};
+  expect_error([&] { describe_weight(liar, qc_of(kDeepSeek), "model.layers.9.mlp.down_proj.weight"); },
+               {"model-00001-of-00002.safetensors", "model.layers.9.mlp.down_proj.weight", "index names this file"});
   // An integer dtype where a weight should be.
   ck.t["lm_head.weight"] = i32({2, 2}, {1, 2, 3, 4});
   expect_error([&] { describe_weight(ck.lookup(), qc_of(kDeepSeek), "lm_head.weight"); },
