@@ -612,7 +612,7 @@ TEST(QuantErrors, OneLineEach) {
   ck.t[X + "_scale_inv"] = f32({1, 1}, {std::numeric_limits<float>::infinity()});
   std::vector<float> got(24);
   expect_error([&] { decode_rows(describe_weight(ck.lookup(), qc_of(kDeepSeek), X), 0, 4, got.data()); },
-               {X + "_scale_inv", "element 0", "inf", "not a finite scale"});
+               {X + "_scale_inv", "element [0,0]", "inf", "not a finite scale"});
   ck.t[X + "_scale_inv"] = f32({1, 1}, {1e36f});
   expect_error([&] { decode_rows(describe_weight(ck.lookup(), qc_of(kDeepSeek), X), 0, 4, got.data()); },
                {X, "[1,2]", "448", "overflows fp32"});

@@ -440,7 +440,7 @@ QuantWeight describe_weight(const TensorLookup& lookup, const QuantConfig& qc, c
     describe_mxfp4(lookup, qc, w);
     return w;
   }
-  throw Error(lookup.where, tensor_field(name), "missing (nor " + name + "_packed, " + name + "_blocks)");
+  throw Error(lookup.where, tensor_field(name), "missing (and no " + name + "_packed or " + name + "_blocks)");
 }
 
 void check_weight_shape(const QuantWeight& w, const std::vector<int64_t>& expected) {
@@ -460,9 +460,12 @@ std::string element_str(const QuantWeight& w, int64_t r, int64_t c) {
   return index_str({r, c});
 }
 
-[[noreturn]] void bad_scale(const QuantWeight& w, int64_t si, float s) {
+// Scale (sr, b) of the [scale rows, scale cols] grid, printed as the scale tensor is shaped.
+[[noreturn]] void bad_scale(const QuantWeight& w, int64_t sr, int64_t b, float s) {
+  const size_t rank = w.scale_file->find(w.scale)->shape.size();
   throw Error(w.scale_file->path(), tensor_field(w.scale),
-              "element " + std::to_string(si) + " is " + fmt_float(s) + ", not a finite scale");
+              "element " + (rank == 2 ? index_str({sr, b}) : std::string("[]")) + " is " + fmt_float(s) +
+                  ", not a finite scale");
 }
 
 [[noreturn]] void overflow(const QuantWeight& w, int64_t r, int64_t c, float code_value, float s) {
@@ -492,7 +495,7 @@ void decode_scaled(const QuantWeight& w, int64_t r0, int64_t r1, float* dst) {
     float* o = dst + (r - r0) * cols;
     for (int64_t b = 0; b < ncb; ++b) {
       const float s = srow[size_t(b)];
-      if (!std::isfinite(s)) bad_scale(w, sr * ncb + b, s);
+      if (!std::isfinite(s)) bad_scale(w, sr, b, s);
       const int64_t c1 = std::min(cols, (b + 1) * w.block_cols);
       for (int64_t c = b * w.block_cols; c < c1; ++c) {
         float v;
