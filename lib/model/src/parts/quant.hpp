@@ -14,6 +14,9 @@
 //   MXFP4          P_blocks U8 [E?, out, in/32, 16] + P_scales U8 [E?, out, in/32] (gpt-oss):
 //                  W = E2M1(nibble, low first) * 2^(scale - 127)
 //   plain          X.weight F32/F16/BF16, as it is
+// Use: parse_quant_config once per checkpoint; per weight, describe_weight (validates; call it for
+// every weight before decoding any), check_weight_shape against the config, then decode_rows over
+// chunks of rows in parallel (at::parallel_for), one layer or one expert at a time.
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json_fwd.hpp>
