@@ -151,6 +151,12 @@ uint64_t SafetensorsFile::stored_bytes(const std::string& name) const {
   return t ? t->end - t->begin : 0;
 }
 
+const uint8_t* SafetensorsFile::raw_bytes(const std::string& name) const {
+  const StTensorInfo* t = find(name);
+  KVQ_ASSERT(t != nullptr);
+  return data_ + t->begin;
+}
+
 void SafetensorsFile::read_f32(const std::string& name, int64_t begin, int64_t end, float* dst) const {
   const StTensorInfo* t = find(name);
   KVQ_ASSERT(t != nullptr && (t->dtype == "F32" || t->dtype == "F16" || t->dtype == "BF16"));

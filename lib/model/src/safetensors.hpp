@@ -18,7 +18,7 @@ class Tensor;  // complete wherever load_f32 is called (weights.hpp includes ATe
 namespace kvq::detail {
 
 struct StTensorInfo {
-  std::string dtype;            // safetensors dtype name, e.g. "F32"
+  std::string dtype;            // safetensors dtype name, e.g. "F32", "F8_E4M3", "U8", "I32"
   std::vector<int64_t> shape;
   uint64_t begin = 0, end = 0;  // byte range relative to the data section
 };
@@ -42,6 +42,11 @@ class SafetensorsFile {
   void drop(const std::string& name) const;
   // Bytes tensor `name` occupies in the file (0 if absent).
   uint64_t stored_bytes(const std::string& name) const;
+  // The stored bytes of tensor `name`, any dtype (F8_E4M3, U8, I32, ...): stored_bytes(name) of
+  // little-endian data, not necessarily aligned (read with memcpy). For the quantized-weight
+  // decoders (parts/quant.cpp); the header check guarantees the span matches dtype and shape. The
+  // tensor must exist (KVQ_ASSERT): find() first.
+  const uint8_t* raw_bytes(const std::string& name) const;
   // check() then a new fp32 tensor with the converted contents (safetensors_load.cpp, LibTorch).
   at::Tensor load_f32(const std::string& name, const std::vector<int64_t>& shape) const;
 
