@@ -3,10 +3,13 @@
 // own keys, seeded random weights rounded to BF16 and sharded through model.safetensors.index.json.
 // The weights come back as doubles (the exact BF16 values) so a reference forward can use them.
 // No GoogleTest and no kvq library here: tests/tools/kvq-make-tiny-hf uses it too.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -18,7 +21,13 @@ namespace kvq::test::hf {
 
 struct Tensor {
   std::vector<int64_t> shape;
-  std::vector<double> v;  // exactly representable in BF16
+  std::vector<double> v;  // exactly representable in BF16 (or F32 / the dequantized value, below)
+  // How it is written: "BF16" (from v), "F32" (from v), or raw little-endian bytes of another dtype
+  // ("F8_E4M3", "I32"); write = false keeps a logical weight (its dequantized v, what a reference
+  // forward reads) that the checkpoint stores under other names (INT4: X.weight_packed ...).
+  std::string dtype = "BF16";
+  std::vector<uint8_t> raw;
+  bool write = true;
 };
 using TensorMap = std::map<std::string, Tensor>;
 
@@ -78,13 +87,19 @@ struct Spec {
   bool glm() const { return family == "chatglm" || family == "glm" || family == "glm4"; }
   bool deepseek() const { return family == "deepseek_v2" || family == "deepseek_v3"; }
   bool v3() const { return family == "deepseek_v3"; }
+  // glm4_moe (GLM-4.5): head_dim, partial_rotary_factor, q/k/v biases, q/k norm, a sigmoid router
+  // with e_score_correction_bias, n_shared_experts, first_k_dense_replace, an MTP layer (mtp).
+  bool glm4_moe() const { return family == "glm4_moe"; }
 
-  bool moe() const { return family == "qwen3_moe" || family == "mixtral" || (deepseek() && experts > 0); }
+  bool moe() const {
+    return family == "qwen3_moe" || family == "mixtral" || ((deepseek() || glm4_moe()) && experts > 0);
+  }
   bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
   bool is_moe_layer(int l) const {
     if (!moe()) return false;
     if (family == "mixtral") return true;
     if (deepseek()) return l >= first_k_dense_replace && l % moe_layer_freq == 0;
+    if (glm4_moe()) return l >= first_k_dense_replace;
     for (int x : mlp_only_layers)
       if (x == l) return false;
     return (l + 1) % decoder_sparse_step == 0;
@@ -110,6 +125,7 @@ inline const char* class_of(const std::string& family) {
   if (family == "glm4") return "Glm4ForCausalLM";
   if (family == "deepseek_v2") return "DeepseekV2ForCausalLM";
   if (family == "deepseek_v3") return "DeepseekV3ForCausalLM";
+  if (family == "glm4_moe") return "Glm4MoeForCausalLM";
   throw std::invalid_argument("unknown family " + family);
 }
 
@@ -191,10 +207,47 @@ inline nlohmann::json make_deepseek_config(const Spec& s) {
   return c;
 }
 
+// GLM-4.5's config.json keys (Glm4MoeForCausalLM), with the tiny shape.
+inline nlohmann::json make_glm4_moe_config(const Spec& s) {
+  nlohmann::json c = {{"architectures", {class_of(s.family)}},
+                      {"model_type", s.family},
+                      {"hidden_size", s.hidden},
+                      {"num_hidden_layers", s.layers},
+                      {"num_attention_heads", s.heads},
+                      {"num_key_value_heads", s.kv_heads},
+                      {"head_dim", s.head_dim},
+                      {"partial_rotary_factor", s.partial_rotary_factor},
+                      {"intermediate_size", s.inter},
+                      {"moe_intermediate_size", s.moe_inter},
+                      {"n_routed_experts", s.experts},
+                      {"n_shared_experts", s.n_shared_experts},
+                      {"num_experts_per_tok", s.top_k},
+                      {"n_group", s.n_group},
+                      {"topk_group", s.topk_group},
+                      {"first_k_dense_replace", s.first_k_dense_replace},
+                      {"routed_scaling_factor", s.routed_scaling_factor},
+                      {"norm_topk_prob", s.norm_topk_prob},
+                      {"use_qk_norm", true},
+                      {"attention_bias", true},
+                      {"num_nextn_predict_layers", s.mtp ? 1 : 0},
+                      {"vocab_size", s.vocab},
+                      {"max_position_embeddings", s.max_pos},
+                      {"rope_theta", s.theta},
+                      {"rms_norm_eps", s.eps},
+                      {"hidden_act", "silu"},
+                      {"tie_word_embeddings", s.tied},
+                      {"bos_token_id", s.bos_id},
+                      {"eos_token_id", s.eos_id},
+                      {"torch_dtype", "bfloat16"}};
+  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) c[it.key()] = it.value();
+  return c;
+}
+
 inline nlohmann::json make_config(const Spec& s) {
   using nlohmann::json;
   if (s.family == "chatglm") return make_chatglm_config(s);
   if (s.deepseek()) return make_deepseek_config(s);
+  if (s.glm4_moe()) return make_glm4_moe_config(s);
   json c = {{"architectures", {class_of(s.family)}},
             {"model_type", s.family},
             {"hidden_size", s.hidden},
@@ -306,6 +359,55 @@ void make_glm_weights(const Spec& s, Add& add) {
 
 // DeepSeek-V2's tensors: MLA (q_proj or the q-LoRA triple, kv_a_proj_with_mqa, kv_a_layernorm,
 // kv_b_proj, o_proj), dense MLP before first_k_dense_replace, then router + experts + shared experts.
+// GLM-4.5 (transformers' modeling_glm4_moe.py names): q/k/v with biases, per-head q/k norms, the
+// dense first layers, then router + correction bias, routed and shared experts; with mtp, the MTP
+// block at model.layers.{layers} with its extra projections and norms.
+template <typename Add>
+void make_glm4_moe_weights(const Spec& s, Add& add) {
+  const int64_t D = s.hidden, qd = int64_t(s.heads) * s.head_dim, kvd = int64_t(s.kv_heads) * s.head_dim;
+  add("model.embed_tokens.weight", {s.vocab, D}, s.embed_scale);
+  for (int l = 0; l < s.layers + (s.mtp ? 1 : 0); ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "post_attention_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "self_attn.q_proj.weight", {qd, D}, s.scale);
+    add(p + "self_attn.k_proj.weight", {kvd, D}, s.scale);
+    add(p + "self_attn.v_proj.weight", {kvd, D}, s.scale);
+    add(p + "self_attn.q_proj.bias", {qd}, s.scale);
+    add(p + "self_attn.k_proj.bias", {kvd}, s.scale);
+    add(p + "self_attn.v_proj.bias", {kvd}, s.scale);
+    add(p + "self_attn.o_proj.weight", {D, qd}, s.scale);
+    add(p + "self_attn.q_norm.weight", {s.head_dim}, s.qk_norm_jitter, 1.0);
+    add(p + "self_attn.k_norm.weight", {s.head_dim}, s.qk_norm_jitter, 1.0);
+    if (l < s.layers && !s.is_moe_layer(l)) {
+      add(p + "mlp.gate_proj.weight", {s.inter, D}, s.scale);
+      add(p + "mlp.up_proj.weight", {s.inter, D}, s.scale);
+      add(p + "mlp.down_proj.weight", {D, s.inter}, s.scale);
+      continue;
+    }
+    add(p + "mlp.gate.weight", {s.experts, D}, s.router_scale);
+    add(p + "mlp.gate.e_score_correction_bias", {s.experts}, s.router_scale);
+    for (int e = 0; e < s.experts; ++e) {
+      const std::string x = p + "mlp.experts." + std::to_string(e) + ".";
+      add(x + "gate_proj.weight", {s.moe_inter, D}, s.scale);
+      add(x + "up_proj.weight", {s.moe_inter, D}, s.scale);
+      add(x + "down_proj.weight", {D, s.moe_inter}, s.scale);
+    }
+    const int64_t Is = int64_t(s.n_shared_experts) * s.moe_inter;
+    add(p + "mlp.shared_experts.gate_proj.weight", {Is, D}, s.scale);
+    add(p + "mlp.shared_experts.up_proj.weight", {Is, D}, s.scale);
+    add(p + "mlp.shared_experts.down_proj.weight", {D, Is}, s.scale);
+    if (l == s.layers) {
+      add(p + "eh_proj.weight", {D, 2 * D}, s.scale);
+      add(p + "enorm.weight", {D}, s.norm_jitter, 1.0);
+      add(p + "hnorm.weight", {D}, s.norm_jitter, 1.0);
+      add(p + "shared_head.norm.weight", {D}, s.norm_jitter, 1.0);
+    }
+  }
+  add("model.norm.weight", {D}, s.norm_jitter, 1.0);
+  if (!s.tied) add("lm_head.weight", {s.vocab, D}, s.scale);
+}
+
 template <typename Add>
 void make_deepseek_weights(const Spec& s, Add& add) {
   const int64_t D = s.hidden, H = s.heads, R = s.kv_lora_rank, qk = s.qk_nope_head_dim + s.qk_rope_head_dim;
@@ -383,6 +485,10 @@ inline TensorMap make_weights(const Spec& s) {
     make_deepseek_weights(s, add);
     return m;
   }
+  if (s.glm4_moe()) {
+    make_glm4_moe_weights(s, add);
+    return m;
+  }
   add("model.embed_tokens.weight", {s.vocab, D}, s.embed_scale);
   for (int l = 0; l < s.layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -422,6 +528,134 @@ inline TensorMap make_weights(const Spec& s) {
   return m;
 }
 
+// ---- quantized checkpoints as they ship (the test's own encoders; the values the reference reads
+// are decoded here by the formats' definitions, never by kvq's decoders).
+
+// FP8 E4M3 (e4m3fn): code = s eeee mmm; e = 0 subnormal m/8 · 2^-6, else (1 + m/8) · 2^(e - 7);
+// e = 15 with m = 7 is NaN (no infinities).
+inline double e4m3_value(uint8_t code) {
+  const int sgn = code >> 7, e = (code >> 3) & 0xF, m = code & 7;
+  if (e == 15 && m == 7) return std::nan("");
+  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return sgn ? -mag : mag;
+}
+// The nearest finite E4M3 code to x (|x| <= 448), by search over every code.
+inline uint8_t e4m3_nearest(double x) {
+  uint8_t best = 0;
+  double err = std::numeric_limits<double>::infinity();
+  for (int c = 0; c < 256; ++c) {
+    const double v = e4m3_value(uint8_t(c));
+    if (std::isnan(v)) continue;
+    if (std::abs(v - x) < err) err = std::abs(v - x), best = uint8_t(c);
+  }
+  return best;
+}
+
+// DeepSeek-V3's FP8 blocks: every tensor `pick` selects ([out, in]) becomes F8_E4M3 codes with
+// X_scale_inv F32 [ceil(out/bo), ceil(in/bi)], S = amax(block) / 448, W = e4m3(code) · S (partial
+// blocks at the edges). The tensor's v becomes that dequantized value.
+template <class Pick>
+void quantize_fp8_blocks(TensorMap& m, int64_t bo, int64_t bi, const Pick& pick) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : m)
+    if (t.shape.size() == 2 && pick(name)) names.push_back(name);
+  for (const std::string& name : names) {
+    Tensor& t = m[name];
+    const int64_t out = t.shape[0], in = t.shape[1], ro = (out + bo - 1) / bo, ri = (in + bi - 1) / bi;
+    Tensor sc;
+    sc.shape = {ro, ri};
+    sc.dtype = "F32";
+    sc.v.assign(size_t(ro * ri), 0.0);
+    t.raw.assign(size_t(out * in), 0);
+    for (int64_t a = 0; a < ro; ++a)
+      for (int64_t b = 0; b < ri; ++b) {
+        double amax = 0;
+        for (int64_t i = a * bo; i < std::min(out, (a + 1) * bo); ++i)
+          for (int64_t j = b * bi; j < std::min(in, (b + 1) * bi); ++j) amax = std::max(amax, std::abs(t.v[size_t(i * in + j)]));
+        const double S = double(float(amax > 0 ? amax / 448.0 : 1.0));  // stored as F32
+        sc.v[size_t(a * ri + b)] = S;
+        for (int64_t i = a * bo; i < std::min(out, (a + 1) * bo); ++i)
+          for (int64_t j = b * bi; j < std::min(in, (b + 1) * bi); ++j) {
+            const size_t k = size_t(i * in + j);
+            t.raw[k] = e4m3_nearest(t.v[k] / S);
+            t.v[k] = e4m3_value(t.raw[k]) * S;
+          }
+      }
+    t.dtype = "F8_E4M3";
+    m[name + "_scale_inv"] = std::move(sc);
+  }
+}
+
+// compressed-tensors "pack-quantized" symmetric INT4 (Kimi-K2-Thinking's routed experts): every
+// tensor `pick` selects ([out, in]) is stored as X_packed I32 [out, ceil(in/8)] (element j in nibble
+// j % 8 of word j / 8, as q + 8), X_scale BF16 [out, ceil(in/group)] (amax / 7, rounded to BF16)
+// and X_shape I32 [2]; W = q · scale with q = clamp(round(w / scale), -8, 7). The logical X keeps
+// the dequantized v and is not written.
+template <class Pick>
+void quantize_int4_packed(TensorMap& m, int64_t group, const Pick& pick) {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : m)
+    if (t.shape.size() == 2 && t.write && pick(name)) names.push_back(name);
+  auto i32 = [](std::vector<uint8_t>& raw, size_t at, int32_t v) {
+    for (int b = 0; b < 4; ++b) raw[at * 4 + size_t(b)] = uint8_t((uint32_t(v) >> (8 * b)) & 0xFF);
+  };
+  for (const std::string& name : names) {
+    Tensor& t = m[name];
+    const int64_t out = t.shape[0], in = t.shape[1], words = (in + 7) / 8, ng = (in + group - 1) / group;
+    Tensor packed, sc, shape;
+    packed.shape = {out, words};
+    packed.dtype = "I32";
+    packed.raw.assign(size_t(out * words * 4), 0);
+    sc.shape = {out, ng};
+    sc.v.assign(size_t(out * ng), 0.0);
+    shape.shape = {2};
+    shape.dtype = "I32";
+    shape.raw.assign(8, 0);
+    i32(shape.raw, 0, int32_t(out));
+    i32(shape.raw, 1, int32_t(in));
+    for (int64_t i = 0; i < out; ++i)
+      for (int64_t g = 0; g < ng; ++g) {
+        double amax = 0;
+        for (int64_t j = g * group; j < std::min(in, (g + 1) * group); ++j) amax = std::max(amax, std::abs(t.v[size_t(i * in + j)]));
+        const double S = bf16_round(amax > 0 ? amax / 7.0 : 1.0);
+        sc.v[size_t(i * ng + g)] = S;
+        for (int64_t j = g * group; j < std::min(in, (g + 1) * group); ++j) {
+          const size_t k = size_t(i * in + j);
+          const int q = int(std::clamp(std::nearbyint(t.v[k] / S), -8.0, 7.0));
+          const size_t byte = size_t((i * words + j / 8) * 4 + (j % 8) / 2);
+          packed.raw[byte] |= uint8_t((q + 8) << (4 * (j % 2)));
+          t.v[k] = q * S;
+        }
+      }
+    t.write = false;
+    m[name + "_packed"] = std::move(packed);
+    m[name + "_scale"] = std::move(sc);
+    m[name + "_shape"] = std::move(shape);
+  }
+}
+
+// The bytes a tensor is written as.
+inline std::string tensor_bytes(const Tensor& t) {
+  if (t.dtype == "BF16") {
+    std::string bytes(t.v.size() * 2, '\0');
+    for (size_t j = 0; j < t.v.size(); ++j) {
+      const uint16_t h = f32_to_bf16(float(t.v[j]));
+      bytes[2 * j] = char(h & 0xff);
+      bytes[2 * j + 1] = char(h >> 8);
+    }
+    return bytes;
+  }
+  if (t.dtype == "F32") {
+    std::string bytes(t.v.size() * 4, '\0');
+    for (size_t j = 0; j < t.v.size(); ++j) {
+      const float f = float(t.v[j]);
+      std::memcpy(&bytes[4 * j], &f, 4);
+    }
+    return bytes;
+  }
+  return std::string(t.raw.begin(), t.raw.end());
+}
+
 inline void write_file(const std::string& path, const std::string& bytes) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f.write(bytes.data(), std::streamsize(bytes.size()));
@@ -443,15 +677,13 @@ inline void write_weights(const std::string& dir, const TensorMap& tensors, int 
   }
   json weight_map = json::object();
   int k = 0;
+  uint64_t total = 0;
   for (const auto& [name, t] : tensors) {
+    if (!t.write) continue;
     const size_t i = size_t(k++ % n);
-    std::string bytes(t.v.size() * 2, '\0');
-    for (size_t j = 0; j < t.v.size(); ++j) {
-      const uint16_t h = f32_to_bf16(float(t.v[j]));
-      bytes[2 * j] = char(h & 0xff);
-      bytes[2 * j + 1] = char(h >> 8);
-    }
-    headers[i][name] = {{"dtype", "BF16"}, {"shape", t.shape}, {"data_offsets", {data[i].size(), data[i].size() + bytes.size()}}};
+    const std::string bytes = tensor_bytes(t);
+    total += bytes.size();
+    headers[i][name] = {{"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data[i].size(), data[i].size() + bytes.size()}}};
     data[i] += bytes;
     weight_map[name] = names[i];
   }
@@ -463,8 +695,6 @@ inline void write_weights(const std::string& dir, const TensorMap& tensors, int 
     write_file(dir + "/" + names[i], out + h + data[i]);
   }
   if (n > 1) {
-    uint64_t total = 0;
-    for (const auto& [name, t] : tensors) total += t.v.size() * 2;
     write_file(dir + "/model.safetensors.index.json",
                json{{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}}.dump(2));
   }

@@ -564,6 +564,148 @@ TEST(DeepseekV3, KimiK2ModelTypeIsTheSameModel) {
   EXPECT_EQ(logits_of(kimi, ids), logits_of(f.model, ids));
 }
 
+// ----------------------------------------------------------------- quantized checkpoints
+
+// DeepSeek-V3's FP8 checkpoint: every projection ("*_proj.weight": attention, dense MLP, routed
+// and shared experts) in F8_E4M3 with 128x128 block scales (here 16x12, so that both edges have
+// partial blocks); the embedding, lm_head, norms and router stay BF16.
+bool is_projection(const std::string& n) {
+  const std::string tail = "_proj.weight";
+  return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+constexpr int64_t kBo = 16, kBi = 12;
+
+nlohmann::json fp8_config() {
+  return {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}, {"weight_block_size", {kBo, kBi}}};
+}
+
+// The FP8 weights of m dequantized a wrong way (negative controls): one scale for the whole tensor,
+// or the block grid read transposed (block (a, b) takes S[b][a], wrapped into the grid).
+hf::TensorMap misread_fp8(const hf::TensorMap& m, bool per_tensor) {
+  hf::TensorMap w = m;
+  for (auto& [name, t] : w) {
+    if (t.dtype != "F8_E4M3") continue;
+    const hf::Tensor& sc = m.at(name + "_scale_inv");
+    const int64_t in = t.shape[1], ro = sc.shape[0], ri = sc.shape[1];
+    for (int64_t i = 0; i < t.shape[0]; ++i)
+      for (int64_t j = 0; j < in; ++j) {
+        const double S = per_tensor ? sc.v[0] : sc.v[size_t(((j / kBi) % ro) * ri + (i / kBo) % ri)];
+        t.v[size_t(i * in + j)] = hf::e4m3_value(t.raw[size_t(i * in + j)]) * S;
+      }
+  }
+  return w;
+}
+
+double rel_diff(const Model& m, const Reference& r, int vocab, uint32_t seed = 11) {
+  const auto ids = seeded_ids(24, vocab, seed);
+  return test::ref::rel_max_diff(logits_of(m, ids), r.forward(ids));
+}
+
+TEST(DeepseekV3, Fp8BlockCheckpointMatchesReference) {
+  hf::Spec s = v3_spec();
+  s.extra["quantization_config"] = fp8_config();
+  hf::TensorMap w = hf::make_weights(s);
+  hf::quantize_fp8_blocks(w, kBo, kBi, is_projection);
+  int n_fp8 = 0;
+  for (const auto& [name, t] : w) n_fp8 += t.dtype == "F8_E4M3";
+  ASSERT_GT(n_fp8, 20);
+  EXPECT_EQ(w.at("model.layers.1.mlp.gate.weight").dtype, "BF16");  // the router is not quantized
+  const Reference ref(s, w);
+  test::TempDir dir;
+  hf::write_model(dir.str(), hf::make_config(s), w, 3);
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    Model::LoadOptions lo;
+    lo.stream = stream;
+    const Model m = Model::load(dir.str(), lo);
+    for (uint32_t seed : {11u, 12u}) {
+      const auto ids = seeded_ids(24, s.vocab, seed);
+      const Vec got = logits_of(m, ids), want = ref.forward(ids);
+      const double d = test::ref::rel_max_diff(got, want);
+      std::cout << "[ info ] FP8 blocks " << (stream ? "streamed" : "whole") << " max rel diff " << d << "\n";
+      EXPECT_LT(d, kTol) << "seed " << seed;
+      EXPECT_EQ(argmax_rows(got, s.vocab), argmax_rows(want, s.vocab)) << "seed " << seed;
+    }
+    if (stream) continue;
+    const hf::TensorMap per_tensor = misread_fp8(w, true), transposed = misread_fp8(w, false);
+    const double d_tensor = rel_diff(m, Reference(s, per_tensor), s.vocab);
+    const double d_transposed = rel_diff(m, Reference(s, transposed), s.vocab);
+    std::cout << "[ info ] control 'one scale per tensor': " << d_tensor << ", 'block scales transposed': " << d_transposed
+              << "\n";
+    EXPECT_GT(d_tensor, kControl);
+    EXPECT_GT(d_transposed, kControl);
+    // The checkpoint's own BF16 weights (before quantizing) differ: FP8 is not silently skipped.
+    const hf::TensorMap bf16 = hf::make_weights(s);
+    EXPECT_GT(rel_diff(m, Reference(s, bf16), s.vocab), 1e-3);
+  }
+}
+
+// Kimi-K2-Thinking's checkpoint: compressed-tensors pack-quantized INT4 (symmetric, group 32; here
+// 8, with a partial last group) on the routed experts only; attention, shared experts, the dense
+// layer and lm_head stay BF16 (its `ignore` list).
+TEST(DeepseekV3, Int4PackedExpertsMatchReference) {
+  hf::Spec s = v3_spec();
+  constexpr int64_t kGroup = 8;
+  s.extra["quantization_config"] = {
+      {"quant_method", "compressed-tensors"},
+      {"format", "pack-quantized"},
+      {"config_groups",
+       {{"group_0",
+         {{"targets", {"Linear"}},
+          {"weights", {{"num_bits", 4}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"}, {"group_size", kGroup}}}}}}},
+      {"ignore", {"lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:model.layers.0.mlp.*"}}};
+  hf::TensorMap w = hf::make_weights(s);
+  auto routed = [](const std::string& n) { return n.find(".mlp.experts.") != std::string::npos; };
+  hf::quantize_int4_packed(w, kGroup, routed);
+  const Reference ref(s, w);
+  test::TempDir dir;
+  nlohmann::json cfg = hf::make_config(s);
+  cfg["model_type"] = "kimi_k2";
+  hf::write_model(dir.str(), cfg, w, 3);
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streamed" : "whole");
+    Model::LoadOptions lo;
+    lo.stream = stream;
+    const Model m = Model::load(dir.str(), lo);
+    for (uint32_t seed : {11u, 12u}) {
+      const auto ids = seeded_ids(24, s.vocab, seed);
+      const Vec got = logits_of(m, ids), want = ref.forward(ids);
+      const double d = test::ref::rel_max_diff(got, want);
+      std::cout << "[ info ] INT4 packed " << (stream ? "streamed" : "whole") << " max rel diff " << d << "\n";
+      EXPECT_LT(d, kTol) << "seed " << seed;
+      EXPECT_EQ(argmax_rows(got, s.vocab), argmax_rows(want, s.vocab)) << "seed " << seed;
+    }
+    if (stream) continue;
+    // Negative control: nibbles read high first within each byte.
+    hf::TensorMap swapped = w;
+    for (auto& [name, t] : swapped) {
+      if (t.write || !routed(name)) continue;
+      const hf::Tensor& p = w.at(name + "_packed");
+      const hf::Tensor& sc = w.at(name + "_scale");
+      const int64_t in = t.shape[1], words = p.shape[1], ng = sc.shape[1];
+      for (int64_t i = 0; i < t.shape[0]; ++i)
+        for (int64_t j = 0; j < in; ++j) {
+          const uint8_t byte = p.raw[size_t((i * words + j / 8) * 4 + (j % 8) / 2)];
+          const int q = int((byte >> (4 * (1 - j % 2))) & 0xF) - 8;
+          t.v[size_t(i * in + j)] = q * sc.v[size_t(i * ng + j / kGroup)];
+        }
+    }
+    const double d = rel_diff(m, Reference(s, swapped), s.vocab);
+    std::cout << "[ info ] control 'INT4 nibbles swapped': " << d << "\n";
+    EXPECT_GT(d, kControl);
+  }
+}
+
+// Streamed MoE layers convert a routed expert only when tokens are routed to it: the same logits
+// as the whole model's, bit for bit, on the BF16 V3 checkpoint.
+TEST(DeepseekV3, LazyExpertsEqualWholeModel) {
+  const hf::Spec s = v3_spec();
+  Fixture whole(s), streamed(s, true);
+  const auto ids = seeded_ids(16, s.vocab, 4);
+  EXPECT_EQ(logits_of(whole.model, ids), logits_of(streamed.model, ids));
+}
+
 TEST(Deepseek, StreamedForwardEqualsWholeModel) {
   const hf::Spec s = v2_spec();
   Fixture whole(s), streamed(s, true);
@@ -785,11 +927,21 @@ TEST(Deepseek, WholeFp32BytesIsTheLoadedElementsTimesFour) {
     test::TempDir dir;
     hf::write_model(dir.str(), hf::make_config(s), w, 2);
     EXPECT_EQ(Model::whole_fp32_bytes(dir.str()), 4 * elems);
-    const Model m = Model::load(dir.str(), {true});
-    int64_t layers = 0;
-    for (int l = 0; l < s.layers; ++l) layers += m.layer_fp32_bytes(l);
     const int64_t D = s.hidden, V = s.vocab;
+    const Model whole = Model::load(dir.str(), {false});
+    int64_t layers = 0;
+    for (int l = 0; l < s.layers; ++l) layers += whole.layer_fp32_bytes(l);
     EXPECT_EQ(layers, 4 * (elems - 2 * V * D - D));
+    // Streamed, a MoE layer converts its routed experts one at a time: E - 1 experts' gate, up and
+    // down ([Ie, D] twice, [D, Ie]) are not held.
+    const Model m = Model::load(dir.str(), {true});
+    int64_t streamed = 0, moe_layers = 0;
+    for (int l = 0; l < s.layers; ++l) {
+      streamed += m.layer_fp32_bytes(l);
+      moe_layers += m.config().is_moe_layer(l);
+    }
+    EXPECT_GT(moe_layers, 0);
+    EXPECT_EQ(streamed, layers - moe_layers * 4 * int64_t(s.experts - 1) * 3 * s.moe_inter * D);
   }
 }
 

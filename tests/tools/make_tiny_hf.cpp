@@ -21,7 +21,8 @@ using nlohmann::json;
 namespace hf = kvq::test::hf;
 
 const char* kUsage =
-    "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4|deepseek_v2\n"
+    "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4|deepseek_v2|\n"
+    "                                 deepseek_v3-fp8|glm4_moe\n"
     "                        --out DIR\n"
     "                        [--seed S] [--scale X]\n"
     "                        [--layers N] [--head-dim D] [--kv-heads H]\n"
@@ -39,7 +40,13 @@ const char* kUsage =
     "            deepseek_v2: DeepSeek-V2-Lite's form (MLA: q_proj, kv_lora_rank 32, qk_nope 16, qk_rope 16,\n"
     "            v 16, so the served cache row is 16 rotating + 32 latent dims; layer 0 dense, then\n"
     "            DeepSeekMoE: 8 routed experts top-2 + 2 shared; YaRN factor 40 over 64 positions,\n"
-    "            mscale = mscale_all_dim = 0.707), Llama-3-style tokenizer with BOS\n"
+    "            mscale = mscale_all_dim = 0.707), Llama-3-style tokenizer with BOS;\n"
+    "            deepseek_v3-fp8: the same MLA shape as DeepSeek-V3 ships it: q-LoRA 48, the sigmoid noaux_tc\n"
+    "            router (2 groups, top-1 group, x 2.5), 1 shared expert, an MTP layer, every projection in\n"
+    "            FP8 E4M3 with 32x24 block scales (weight_scale_inv; partial edge blocks);\n"
+    "            glm4_moe: GLM-4.5's layout (head_dim 32 from the config, half of it rotating split-half,\n"
+    "            q/k/v biases, q/k norm, layer 0 dense, 8 experts top-2 with correction bias x 2.5,\n"
+    "            1 shared expert, an MTP layer), Qwen-style tokenizer\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
     "  --scale   std of the weights (default 0.02)\n"
@@ -171,6 +178,10 @@ Tok make_tokenizer(bool qwen) {
   return t;
 }
 
+// deepseek_v3-fp8's weight_block_size (DeepSeek-V3 ships [128, 128]; at the tiny shape [32, 24]
+// leaves partial blocks at the edges of every projection whose in-dim is 64).
+constexpr int64_t kFp8Block[2] = {32, 24};
+
 hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
   hf::Spec s;
   s.hidden = 64;
@@ -247,9 +258,39 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
     s.extra["rope_scaling"] = {{"type", "yarn"},  {"factor", 40},         {"original_max_position_embeddings", 64},
                                {"beta_fast", 32}, {"beta_slow", 1},       {"mscale", 0.707},
                                {"mscale_all_dim", 0.707}};
+  } else if (family == "deepseek_v3-fp8") {
+    s = spec_for("deepseek_v2", seed, scale);
+    s.family = "deepseek_v3";
+    s.q_lora_rank = 48;
+    s.topk_method = "noaux_tc";
+    s.n_group = 2;
+    s.topk_group = 1;
+    s.norm_topk_prob = true;
+    s.routed_scaling_factor = 2.5;
+    s.n_shared_experts = 1;
+    s.mtp = true;
+    s.extra["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                                      {"weight_block_size", {kFp8Block[0], kFp8Block[1]}}};
+  } else if (family == "glm4_moe") {
+    s.family = family;
+    s.layers = 3;
+    s.head_dim = 32;  // != hidden / heads: from the config
+    s.partial_rotary_factor = 0.5;
+    s.experts = 8;
+    s.top_k = 2;
+    s.moe_inter = 32;
+    s.n_shared_experts = 1;
+    s.first_k_dense_replace = 1;
+    s.n_group = 1;
+    s.topk_group = 1;
+    s.norm_topk_prob = true;
+    s.routed_scaling_factor = 2.5;
+    s.mtp = true;
+    s.theta = 1e6;
   } else {
     throw std::invalid_argument("--family: unknown '" + family +
-                                "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4, deepseek_v2)");
+                                "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4, deepseek_v2, "
+                                "deepseek_v3-fp8, glm4_moe)");
   }
   return s;
 }
@@ -341,7 +382,7 @@ int run(int argc, char** argv) {
   }
   // GLM-4's own tokenizer is a tiktoken rank file; these tiny models carry the Qwen-style
   // byte-level BPE tokenizer.json (no BOS), which the GLM-4 -hf repos also ship.
-  const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe" || s.glm();
+  const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe" || s.glm() || s.glm4_moe();
   const Tok tok = make_tokenizer(qwen);
   s.vocab = tok.vocab_size;
   s.bos_id = tok.bos;
@@ -352,6 +393,12 @@ int run(int argc, char** argv) {
   fs::create_directories(out);
   hf::TensorMap w = hf::make_weights(s);
   if (s.glm()) scale_static_qk(s, &w, 3.0);
+  if (s.extra.contains("quantization_config")) {  // DeepSeek-V3's FP8: every projection, not the router
+    hf::quantize_fp8_blocks(w, kFp8Block[0], kFp8Block[1], [](const std::string& n) {
+      const std::string tail = "_proj.weight";
+      return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+    });
+  }
   hf::write_model(out, hf::make_config(s), w, 2);
   hf::write_file(out + "/tokenizer.json", tok.tokenizer.dump(2));
   hf::write_file(out + "/tokenizer_config.json", tok.tokenizer_config.dump(2));

@@ -2,6 +2,9 @@
 // validated against the config (hf_config.cpp) before anything is converted. The tensor names
 // and shapes come from the model's family (families/), as a plan of which LayerWeights tensor
 // each fills (parts/layout.hpp); fused tensors load as the stacked fp32 tensors the forward uses.
+// Quantized weights (config.json's quantization_config: FP8 blocks / per tensor / per channel,
+// INT4 pack-quantized, MXFP4; parts/quant.hpp) are described and checked with the rest, then
+// dequantized to fp32 a layer (streamed: an expert) at a time.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include "kvq/util/sha256.hpp"
 #include "parts/hf_json.hpp"
 #include "parts/layout.hpp"
+#include "parts/quant.hpp"
 #include "safetensors.hpp"
 #include "weights.hpp"
 
@@ -62,67 +66,99 @@ class HfCheckpoint final : public LayerSource {
     } else {
       throw Error(dir, "model.safetensors", "missing (and no model.safetensors.index.json)");
     }
+    const json cj = parse_json_file(config_path);
+    qc_ = parse_quant_config(cj.contains("quantization_config") ? cj["quantization_config"] : json(), config_path);
+    for (const auto& kv : t_.owner)
+      for (const char* suffix : {"_packed", "_blocks"}) {
+        const std::string& n = kv.first;
+        const size_t k = std::char_traits<char>::length(suffix);
+        if (n.size() > k && n.compare(n.size() - k, k, suffix) == 0 && !t_.owner.count(n.substr(0, n.size() - k)))
+          t_.packed.insert(n.substr(0, n.size() - k));
+      }
+    lookup_.find = [this](const std::string& n) -> const SafetensorsFile* {
+      auto it = t_.owner.find(n);
+      return it == t_.owner.end() ? nullptr : it->second;
+    };
+    lookup_.where = t_.source;
     const int64_t D = c.hidden_size, V = c.vocab_size;
     // Validate everything before converting anything.
     if (family.check_weights) family.check_weights(c, t_, config_path);
-    file_of(names_.embed).check(names_.embed, {V, D});
+    check(names_.embed, {V, D});
     for (int l = 0; l < c.n_layers; ++l)
-      for (const auto& want : plan_tensors(plan(l))) file_of(want.name).check(want.name, want.shape);
-    file_of(names_.final_norm).check(names_.final_norm, {D});
-    if (!c.tie_word_embeddings) file_of(names_.lm_head).check(names_.lm_head, {V, D});
+      for (const auto& want : plan_tensors(plan(l))) check(want.name, want.shape);
+    check(names_.final_norm, {D});
+    if (!c.tie_word_embeddings) check(names_.lm_head, {V, D});
   }
+
+  // Streamed: a MoE layer's routed experts are converted when routed to (LayerWeights::expert_source).
+  void set_lazy_experts(bool on) { lazy_experts_ = on; }
 
   const GlobalNames& names() const { return names_; }
 
   at::Tensor load(const std::string& name, const std::vector<int64_t>& shape) const {
-    return file_of(name).load_f32(name, shape);
+    auto q = quant_.find(name);
+    if (q == quant_.end()) return file_of(name).load_f32(name, shape);
+    at::Tensor t = at::empty(shape, at::kFloat);
+    decode_into(q->second, t);
+    return t;
   }
 
   void build(int l, LayerWeights* out) const override {
-    // Converts tensor `name` into rows of a stacked tensor (a contiguous row range of dst).
-    auto into = [&](const std::string& name, at::Tensor dst) {
-      const SafetensorsFile& f = file_of(name);
-      float* d = dst.data_ptr<float>();
-      at::parallel_for(0, dst.numel(), 1 << 16, [&](int64_t b, int64_t e) { f.read_f32(name, b, e, d + b); });
-    };
     LayerWeights L;
-    for (const Slot& s : plan(l)) {
-      at::Tensor& dst = s.dst(L);
-      if (s.parts.size() == 1) {
-        dst = load(s.parts[0].name, s.parts[0].shape);
-        continue;
-      }
-      int64_t total = 0;
-      for (const WantTensor& p : s.parts) total += p.shape[0];
-      const std::vector<int64_t>& first = s.parts[0].shape;
-      at::Tensor t = first.size() > 1 ? at::empty({total, first[1]}, at::kFloat) : at::empty({total}, at::kFloat);
-      int64_t at_row = 0;
-      for (const WantTensor& p : s.parts) {
-        into(p.name, t.narrow(0, at_row, p.shape[0]));
-        at_row += p.shape[0];
-      }
-      dst = t;
+    const LayerPlan p = plan(l);
+    for (const Slot& s : p)
+      if (s.expert < 0 || !lazy_experts_) fill(s, L);
+    if (lazy_experts_ && c_.is_moe_layer(l)) {
+      // Each expert's slots (gate_up, down), converted on demand and handed back to the kernel after.
+      auto slots = std::make_shared<std::vector<std::vector<Slot>>>(static_cast<size_t>(c_.n_experts));
+      for (const Slot& s : p)
+        if (s.expert >= 0) (*slots)[size_t(s.expert)].push_back(s);
+      L.expert_source = [this, slots](int e, at::Tensor* gate_up, at::Tensor* down) {
+        LayerWeights one;
+        for (const Slot& s : (*slots)[size_t(e)]) fill(s, one);
+        *gate_up = std::move(one.expert_gate_up[size_t(e)]);
+        *down = std::move(one.expert_down[size_t(e)]);
+        for (const Slot& s : (*slots)[size_t(e)])
+          for (const WantTensor& w : s.parts) drop_stored(w.name);
+      };
     }
     *out = std::move(L);
   }
 
   void release(int l) const override {
-    for (const auto& want : plan_tensors(plan(l))) file_of(want.name).drop(want.name);
+    for (const auto& want : plan_tensors(plan(l))) drop_stored(want.name);
   }
 
+  // The layer's stored bytes mapped at once: all of them, or (lazy experts) all but the routed
+  // experts' plus the largest expert's.
   int64_t stored_bytes(int l) const override {
-    int64_t n = 0;
-    for (const auto& want : plan_tensors(plan(l))) n += int64_t(file_of(want.name).stored_bytes(want.name));
-    return n;
+    int64_t n = 0, widest_expert = 0;
+    std::vector<int64_t> expert(static_cast<size_t>(std::max(0, c_.n_experts)), 0);
+    for (const Slot& s : plan(l))
+      for (const WantTensor& w : s.parts) {
+        const int64_t b = stored(w.name);
+        if (s.expert >= 0 && lazy_experts_)
+          widest_expert = std::max(widest_expert, expert[size_t(s.expert)] += b);
+        else
+          n += b;
+      }
+    return n + widest_expert;
   }
 
   at::Tensor embed_rows(const at::Tensor& ids) const override {
     const std::string& name = names_.embed;
-    const SafetensorsFile& f = file_of(name);
     const int64_t N = ids.numel(), D = c_.hidden_size;
     at::Tensor out = at::empty({N, D}, at::kFloat);
     const int64_t* id = ids.data_ptr<int64_t>();
     float* o = out.data_ptr<float>();
+    auto q = quant_.find(name);
+    if (q != quant_.end()) {
+      at::parallel_for(0, N, 1, [&](int64_t b, int64_t e) {
+        for (int64_t r = b; r < e; ++r) decode_rows(q->second, id[r], id[r] + 1, o + r * D);
+      });
+      return out;
+    }
+    const SafetensorsFile& f = file_of(name);
     at::parallel_for(0, N, std::max<int64_t>(1, 8192 / D), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) f.read_f32(name, id[r] * D, (id[r] + 1) * D, o + r * D);
     });
@@ -132,21 +168,96 @@ class HfCheckpoint final : public LayerSource {
   at::Tensor lm_head() const override {
     const std::string& name = c_.tie_word_embeddings ? names_.embed : names_.lm_head;
     at::Tensor t = load(name, {c_.vocab_size, c_.hidden_size});
-    file_of(name).drop(name);
+    drop_stored(name);
     return t;
   }
 
-  void drop(const std::string& name) const { file_of(name).drop(name); }
+  void drop(const std::string& name) const { drop_stored(name); }
 
  private:
   LayerPlan plan(int l) const { return family_.layer_plan(c_, l, t_); }
   const SafetensorsFile& file_of(const std::string& name) const { return t_.file_of(name); }
+
+  // Checks tensor `name` against the shape the config implies. A checkpoint without a
+  // quantization_config whose tensor is a float one keeps the plain check (and its messages);
+  // anything else is described by parts/quant.hpp (format, dtypes, scales) and remembered.
+  void check(const std::string& name, const std::vector<int64_t>& shape) {
+    auto it = t_.owner.find(name);
+    const bool plain_float = it != t_.owner.end() && [&] {
+      const std::string& d = it->second->find(name)->dtype;
+      return d == "F32" || d == "F16" || d == "BF16";
+    }();
+    if ((qc_.method == QuantConfig::Method::kNone && plain_float) || (it == t_.owner.end() && !t_.packed.count(name))) {
+      file_of(name).check(name, shape);
+      return;
+    }
+    QuantWeight w = describe_weight(lookup_, qc_, name);
+    if (w.format == WeightFormat::kPlain) {
+      file_of(name).check(name, shape);
+      return;
+    }
+    check_weight_shape(w, shape);
+    quant_[name] = std::move(w);
+  }
+
+  // Dequantizes w into dst (its [rows, cols] view), rows in parallel.
+  static void decode_into(const QuantWeight& w, const at::Tensor& dst) {
+    KVQ_ASSERT(dst.is_contiguous() && dst.numel() == w.rows() * w.cols());
+    float* d = dst.data_ptr<float>();
+    const int64_t cols = w.cols(), grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, cols));
+    at::parallel_for(0, w.rows(), grain, [&](int64_t b, int64_t e) { decode_rows(w, b, e, d + b * cols); });
+  }
+
+  // One slot into L: a tensor as it is, or several stacked as row ranges of one.
+  void fill(const Slot& s, LayerWeights& L) const {
+    at::Tensor& dst = s.dst(L);
+    if (s.parts.size() == 1) {
+      dst = load(s.parts[0].name, s.parts[0].shape);
+      return;
+    }
+    int64_t total = 0;
+    for (const WantTensor& p : s.parts) total += p.shape[0];
+    const std::vector<int64_t>& first = s.parts[0].shape;
+    at::Tensor t = first.size() > 1 ? at::empty({total, first[1]}, at::kFloat) : at::empty({total}, at::kFloat);
+    int64_t at_row = 0;
+    for (const WantTensor& p : s.parts) {
+      at::Tensor rows = t.narrow(0, at_row, p.shape[0]);
+      auto q = quant_.find(p.name);
+      if (q != quant_.end()) {
+        decode_into(q->second, rows);
+      } else {
+        const SafetensorsFile& f = file_of(p.name);
+        float* d = rows.data_ptr<float>();
+        at::parallel_for(0, rows.numel(), 1 << 16, [&](int64_t b, int64_t e) { f.read_f32(p.name, b, e, d + b); });
+      }
+      at_row += p.shape[0];
+    }
+    dst = t;
+  }
+
+  // The stored tensors behind logical tensor `name` (a quantized weight: codes, scales, shape).
+  std::vector<std::string> stored_names(const std::string& name) const {
+    auto q = quant_.find(name);
+    return q == quant_.end() ? std::vector<std::string>{name} : q->second.stored_tensors();
+  }
+  void drop_stored(const std::string& name) const {
+    for (const std::string& n : stored_names(name)) file_of(n).drop(n);
+  }
+  int64_t stored(const std::string& name) const {
+    int64_t b = 0;
+    for (const std::string& n : stored_names(name)) b += int64_t(file_of(n).stored_bytes(n));
+    return b;
+  }
 
   ModelConfig c_;
   const Family& family_;
   GlobalNames names_;
   std::map<std::string, std::unique_ptr<SafetensorsFile>> shards_;
   TensorIndex t_;
+  QuantConfig qc_;
+  TensorLookup lookup_;
+  std::map<std::string, QuantWeight> quant_;  // the weights stored quantized, by logical name
+  bool lazy_experts_ = false;
 };
 
 }  // namespace
@@ -160,6 +271,7 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
   auto ckpt = std::make_shared<HfCheckpoint>(dir, config_path, c, *find_family(c.architecture));
   w->final_norm = ckpt->load(ckpt->names().final_norm, {c.hidden_size});
   if (stream) {
+    ckpt->set_lazy_experts(true);
     w->source = ckpt;
     return;
   }

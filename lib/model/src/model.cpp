@@ -191,7 +191,8 @@ void Model::forward_chunk(const std::vector<ChunkBatch>& batches, const ChunkHoo
 
 bool Model::streamed() const { return w_->source != nullptr; }
 
-int64_t Model::layer_fp32_bytes(int l) const { return ::kvq::layer_fp32_bytes(config_, l); }
+// Streamed, a MoE layer holds its routed experts in fp32 one at a time (hf.cpp's expert_source).
+int64_t Model::layer_fp32_bytes(int l) const { return ::kvq::layer_fp32_bytes(config_, l, streamed()); }
 
 int64_t Model::layer_stored_bytes(int l) const { return w_->source ? w_->source->stored_bytes(l) : 0; }
 
@@ -222,11 +223,13 @@ int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
   return f * int64_t(sizeof(float));
 }
 
-int64_t layer_fp32_bytes(const ModelConfig& c, int l) {
+int64_t layer_fp32_bytes(const ModelConfig& c, int l, bool one_expert) {
   // The family's plan of the layer's tensors (a llama2.c checkpoint has the Llama layout's).
   const TensorIndex none;
   const Family* f = find_family(c.architecture);
-  return plan_fp32_bytes(f ? f->layer_plan(c, l, none) : llama_plan(c, l, none));
+  LayerPlan p = f ? f->layer_plan(c, l, none) : llama_plan(c, l, none);
+  if (one_expert) p.erase(std::remove_if(p.begin(), p.end(), [](const Slot& s) { return s.expert > 0; }), p.end());
+  return plan_fp32_bytes(p);
 }
 
 void apply_rope_windows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,10 @@ struct LayerWeights {
   // router, parts/moe.hpp); undefined for the softmax routers.
   at::Tensor router, router_bias;
   std::vector<at::Tensor> expert_gate_up, expert_down;
+  // A streamed MoE layer leaves expert_gate_up / expert_down empty and converts routed expert e
+  // from the checkpoint when tokens are routed to it (its stored pages dropped after): one expert
+  // in fp32 at a time, not the layer's E (DeepSeek-V3: 256 experts, 45 GB of fp32 a layer).
+  std::function<void(int expert, at::Tensor* gate_up, at::Tensor* down)> expert_source;
   // DeepSeek-V2 MLA: wqkv is [q rows; kv_a_proj_with_mqa] (q rows: q_proj's H (nope + rope), or
   // q_a_proj's q_lora_rank followed by q_a_norm [q_lora_rank] and wq_b [H (nope + rope), q_lora_rank]);
   // kv_a_norm [kv_lora_rank]; w_kv_b [H (nope + v), kv_lora_rank] as stored (W_UK,h then W_UV,h per head).
@@ -48,8 +53,9 @@ class LayerSource {
   virtual at::Tensor lm_head() const = 0;                          // [V, D] fp32, fresh
 };
 
-// fp32 bytes of layer l's weights as LayerWeights holds them.
-int64_t layer_fp32_bytes(const ModelConfig& c, int l);
+// fp32 bytes of layer l's weights as LayerWeights holds them (one_expert: a streamed MoE layer,
+// its routed experts converted one at a time).
+int64_t layer_fp32_bytes(const ModelConfig& c, int l, bool one_expert = false);
 
 struct ModelWeights {
   // Set for a streamed model: then embed, lm_head and layers are empty (final_norm is kept).

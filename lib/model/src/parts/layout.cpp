@@ -85,12 +85,14 @@ LayerPlan decoder_plan(const ModelConfig& c, int l, const LayerNames& n, const L
                      L.expert_gate_up.resize(size_t(E));
                      return L.expert_gate_up[i];
                    },
-                   {{en.gate, {Ie, D}}, {en.up, {Ie, D}}}});
-      one([i, E](LayerWeights& L) -> at::Tensor& {
-            L.expert_down.resize(size_t(E));
-            return L.expert_down[i];
-          },
-          en.down, {D, Ie});
+                   {{en.gate, {Ie, D}}, {en.up, {Ie, D}}},
+                   e});
+      p.push_back({[i, E](LayerWeights& L) -> at::Tensor& {
+                     L.expert_down.resize(size_t(E));
+                     return L.expert_down[i];
+                   },
+                   {{en.down, {D, Ie}}},
+                   e});
     }
     if (c.n_shared_experts > 0) {
       const int64_t Is = int64_t(c.n_shared_experts) * Ie;

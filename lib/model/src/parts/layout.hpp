@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,7 @@ struct WantTensor {
 struct Slot {
   std::function<at::Tensor&(LayerWeights&)> dst;
   std::vector<WantTensor> parts;
+  int expert = -1;  // a routed expert's slot (its number): a streamed layer converts it when routed to
 };
 using LayerPlan = std::vector<Slot>;
 
@@ -34,8 +36,11 @@ using LayerPlan = std::vector<Slot>;
 struct TensorIndex {
   std::map<std::string, const SafetensorsFile*> owner;
   std::string source;  // the file named when a tensor is absent (model.safetensors or the index)
+  // Logical weights stored under other names (X.weight as X.weight_packed, INT4; P as P_blocks,
+  // MXFP4): present, read through parts/quant.hpp.
+  std::set<std::string> packed;
 
-  bool has(const std::string& name) const { return owner.count(name) != 0; }
+  bool has(const std::string& name) const { return owner.count(name) != 0 || packed.count(name) != 0; }
   // The file holding `name`; throws kvq::Error naming the source when it is absent.
   const SafetensorsFile& file_of(const std::string& name) const;
 };

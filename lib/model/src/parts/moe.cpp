@@ -144,15 +144,19 @@ void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Ten
   for (int64_t e = 0; e < E; ++e) {
     const int64_t n = int64_t(rows[size_t(e)].size());
     if (n == 0) continue;
+    at::Tensor w_gate_up, w_down;  // a streamed layer's expert, converted for these tokens only
+    if (L.expert_source) L.expert_source(int(e), &w_gate_up, &w_down);
+    const at::Tensor& gate_up_w = L.expert_source ? w_gate_up : L.expert_gate_up[size_t(e)];
+    const at::Tensor& down_w = L.expert_source ? w_down : L.expert_down[size_t(e)];
     const at::Tensor idx = at::from_blob(rows[size_t(e)].data(), {n}, at::kLong);
     const at::Tensor we = at::from_blob(wts[size_t(e)].data(), {n, 1}, at::kFloat);
     at::Tensor xe = ws.moe_x.narrow(0, 0, n), gu = ws.moe_gate_up.narrow(0, 0, n);
     at::Tensor act = ws.moe_act.narrow(0, 0, n), out = ws.moe_out.narrow(0, 0, n);
     at::index_select_out(xe, ws.h, 0, idx);
-    at::mm_out(gu, xe, L.expert_gate_up[size_t(e)].t());
+    at::mm_out(gu, xe, gate_up_w.t());
     at::silu_out(act, gu.narrow(1, 0, Ie));
     act.mul_(gu.narrow(1, Ie, Ie));
-    at::mm_out(out, act, L.expert_down[size_t(e)].t());
+    at::mm_out(out, act, down_w.t());
     out.mul_(we);
     x.index_add_(0, idx, out);
   }

@@ -85,7 +85,8 @@ class Model {
 
   bool streamed() const;
   // Memory of a streamed forward: the fp32 bytes of layer l as converted, its bytes in the
-  // checkpoint (0 when loaded whole), and the scratch of one forward of B windows of T tokens.
+  // checkpoint (0 when loaded whole), and the scratch of one forward of B windows of T tokens. A
+  // streamed MoE layer converts its routed experts one at a time: one expert's bytes count.
   int64_t layer_fp32_bytes(int l) const;
   int64_t layer_stored_bytes(int l) const;
   static int64_t workspace_bytes(const ModelConfig& c, int64_t B, int64_t T);
