@@ -566,12 +566,14 @@ TEST(DeepseekV3, KimiK2ModelTypeIsTheSameModel) {
 
 // ----------------------------------------------------------------- quantized checkpoints
 
-// DeepSeek-V3's FP8 checkpoint: every projection ("*_proj.weight": attention, dense MLP, routed
-// and shared experts) in F8_E4M3 with 128x128 block scales (here 16x12, so that both edges have
+// DeepSeek-V3's FP8 checkpoint: every projection ("*_proj.weight", kv_a_proj_with_mqa: attention,
+// dense MLP, routed and shared experts) in F8_E4M3 with 128x128 block scales (here 16x12, so that both edges have
 // partial blocks); the embedding, lm_head, norms and router stay BF16.
 bool is_projection(const std::string& n) {
-  const std::string tail = "_proj.weight";
-  return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+  auto ends = [&](const std::string& tail) {
+    return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  return ends("_proj.weight") || ends("_proj_with_mqa.weight");
 }
 
 constexpr int64_t kBo = 16, kBi = 12;

@@ -395,8 +395,9 @@ int run(int argc, char** argv) {
   if (s.glm()) scale_static_qk(s, &w, 3.0);
   if (s.extra.contains("quantization_config")) {  // DeepSeek-V3's FP8: every projection, not the router
     hf::quantize_fp8_blocks(w, kFp8Block[0], kFp8Block[1], [](const std::string& n) {
-      const std::string tail = "_proj.weight";
-      return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+      for (const std::string tail : {"_proj.weight", "_proj_with_mqa.weight"})
+        if (n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0) return true;
+      return false;
     });
   }
   hf::write_model(out, hf::make_config(s), w, 2);
