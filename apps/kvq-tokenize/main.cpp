@@ -6,7 +6,7 @@
 
 #include "kvq/cli/cli.hpp"
 #include "kvq/model/model.hpp"
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 

@@ -15,7 +15,7 @@
 #include "kvq/alloc/uniform.hpp"
 #include "kvq/eval/kv_coder.hpp"
 #include "kvq/eval/perplexity.hpp"
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/atomic_file.hpp"
 
 namespace {

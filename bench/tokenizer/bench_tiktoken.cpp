@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/atomic_file.hpp"
 
 namespace {

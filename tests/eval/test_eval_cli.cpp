@@ -10,7 +10,7 @@
 #include "kvq/eval/overlap.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "run_cmd.hpp"
 
 using namespace kvq;

@@ -16,7 +16,7 @@
 #include "kvq/eval/generate.hpp"
 #include "kvq/eval/kv_coder.hpp"
 #include "kvq/eval/perplexity.hpp"
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 

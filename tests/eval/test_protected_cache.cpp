@@ -14,7 +14,7 @@
 #include "kvq/alloc/uniform.hpp"
 #include "kvq/eval/kv_coder.hpp"
 #include "kvq/eval/perplexity.hpp"
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "multi_forward_reference.hpp"
 #include "shared_data.hpp"

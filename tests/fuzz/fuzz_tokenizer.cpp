@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "fuzz_common.hpp"
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/error.hpp"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {

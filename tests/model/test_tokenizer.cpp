@@ -4,7 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "model_test_util.hpp"
 #include "shared_data.hpp"
 

@@ -15,7 +15,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "model_test_util.hpp"
 #include "run_cmd.hpp"
 #include "shared_data.hpp"

@@ -18,7 +18,7 @@
 #include "kvq/capture/memory_size.hpp"
 #include "kvq/io/h5_paths.hpp"
 #include "kvq/model/model.hpp"
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq {

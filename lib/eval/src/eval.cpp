@@ -15,7 +15,7 @@
 #include "kvq/eval/overlap.hpp"
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/io/alloc_file.hpp"
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"
 

@@ -6,7 +6,7 @@
 
 #include "kvq/corpus/corpus.hpp"
 #include "kvq/io/h5_paths.hpp"
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/error.hpp"
 
 namespace kvq {

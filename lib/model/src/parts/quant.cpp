@@ -496,19 +496,23 @@ void decode_scaled(const QuantWeight& w, int64_t r0, int64_t r1, float* dst) {
     for (int64_t b = 0; b < ncb; ++b) {
       const float s = srow[size_t(b)];
       if (!std::isfinite(s)) bad_scale(w, sr, b, s);
-      const int64_t c1 = std::min(cols, (b + 1) * w.block_cols);
-      for (int64_t c = b * w.block_cols; c < c1; ++c) {
-        float v;
-        if constexpr (fp8) v = lut[row[c]];
-        else v = float(int4_packed_at(row, c));
-        o[c] = v * s;
-        if (!std::isfinite(o[c])) {  // rare: find out why, then refuse
+      const int64_t c0 = b * w.block_cols, c1 = std::min(cols, (b + 1) * w.block_cols);
+      // Branch-free over the block, then one (vectorised) finiteness check of it: a NaN code or an
+      // overflow is rare, and found again element by element only then.
+      for (int64_t c = c0; c < c1; ++c) {
+        if constexpr (fp8) o[c] = lut[row[c]] * s;
+        else o[c] = float(int4_packed_at(row, c)) * s;
+      }
+      bool finite = true;
+      for (int64_t c = c0; c < c1; ++c) finite &= std::abs(o[c]) <= std::numeric_limits<float>::max();
+      if (!finite)
+        for (int64_t c = c0; c < c1; ++c) {
+          if (std::abs(o[c]) <= std::numeric_limits<float>::max()) continue;
           if (fp8 && fp8_e4m3_is_nan(row[c]))
             throw Error(w.file->path(), tensor_field(w.data),
                         "NaN code " + hex_byte(row[c]) + " at element " + element_str(w, r, c));
-          overflow(w, r, c, v, s);
+          overflow(w, r, c, fp8 ? lut[row[c]] : float(int4_packed_at(row, c)), s);
         }
-      }
     }
   }
 }

@@ -21,7 +21,7 @@
 #include <utility>
 #include <vector>
 
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/error.hpp"
 #include "tokenizer_json.hpp"
 

@@ -1,4 +1,4 @@
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 
 #include <dlfcn.h>
 

@@ -23,7 +23,7 @@
 
 namespace kvq {
 
-class Tokenizer;  // kvq/model/tokenizer.hpp; declared only, so this header sits below tokenizer.cpp
+class Tokenizer;  // kvq/tokenizer/tokenizer.hpp; declared only, so this header sits below tokenizer.cpp
 
 // Parses a ranks file (and the tokenizer_config.json / config.json beside it, when present).
 // Throws kvq::Error naming the file, the line or field and the value for anything broken: a line

@@ -8,7 +8,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "kvq/model/tokenizer.hpp"
+#include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
 #include "kvq/util/sha256.hpp"

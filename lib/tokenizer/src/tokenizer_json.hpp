@@ -6,7 +6,7 @@
 
 namespace kvq {
 
-class Tokenizer;  // kvq/model/tokenizer.hpp; declared only, so this header sits below tokenizer.cpp
+class Tokenizer;  // kvq/tokenizer/tokenizer.hpp; declared only, so this header sits below tokenizer.cpp
 
 // True when `bytes` look like a JSON object (first non-blank byte '{').
 bool looks_like_tokenizer_json(const std::string& bytes);
