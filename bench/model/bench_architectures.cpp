@@ -6,7 +6,9 @@
 // each head rotating, adjacent pairs), and DeepSeek-V2 (deepseek_v2: MLA served in the absorbed
 // form, kv_lora_rank 128, qk_nope 32 + qk_rope 32 = the others' 64 per head, v 64, one 160-dim
 // latent KV row per token; layer 0 dense, then 8 experts top-2 of width 256 plus one shared expert
-// of width 256; YaRN factor 40), with and without a capture observer.
+// of width 256; YaRN factor 40), DeepSeek-V3 (the same with q-LoRA 128 and the noaux_tc router;
+// also streamed, BF16 and FP8 blocks: the cost of converting each layer, and each routed expert,
+// per forward) and GLM-4.5 (glm4_moe), with and without a capture observer.
 #include <benchmark/benchmark.h>
 
 #include <ATen/Parallel.h>
@@ -42,7 +44,15 @@ hf::Spec spec(const std::string& family) {
     if (family == "mixtral") s.inter = 256;
   }
   if (family == "mistral") s.sliding_window = 64;
-  if (family == "deepseek_v2") {
+  if (family == "glm4_moe") {  // head_dim 64, half rotating split-half, q/k norm, the noaux router
+    s.experts = 8;
+    s.top_k = 2;
+    s.moe_inter = 256;
+    s.n_shared_experts = 1;
+    s.first_k_dense_replace = 1;
+    s.mtp = true;
+  }
+  if (family == "deepseek_v2" || family == "deepseek_v3") {
     s.kv_lora_rank = 128;
     s.qk_nope_head_dim = 32;
     s.qk_rope_head_dim = 32;
@@ -55,20 +65,48 @@ hf::Spec spec(const std::string& family) {
     s.max_pos = 163840;
     s.extra["rope_scaling"] = {{"type", "yarn"},  {"factor", 40},    {"original_max_position_embeddings", 4096},
                                {"mscale", 0.707}, {"mscale_all_dim", 0.707}};
+    if (family == "deepseek_v3") {  // the noaux_tc router in 4 groups (top-2), x 2.5, an MTP layer
+      s.q_lora_rank = 128;
+      s.topk_method = "noaux_tc";
+      s.n_group = 4;
+      s.topk_group = 2;
+      s.norm_topk_prob = true;
+      s.routed_scaling_factor = 2.5;
+      s.mtp = true;
+    }
   }
   return s;
 }
 
-const kvq::Model* model(const std::string& family) {
+// Every projection of a DeepSeek-V3 checkpoint in FP8 E4M3 with 128x128 block scales, as it ships.
+bool is_projection(const std::string& n) {
+  for (const std::string tail : {"_proj.weight", "_proj_with_mqa.weight"})
+    if (n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0) return true;
+  return false;
+}
+
+// family, or family + ":fp8" (FP8 blocks) and/or ":stream" (layers converted per forward; a MoE
+// layer's routed experts one at a time, when routed to).
+const kvq::Model* model(const std::string& key) {
   static std::map<std::string, std::unique_ptr<kvq::Model>> cache;
-  auto& m = cache[family];
+  auto& m = cache[key];
   if (!m) {
-    const std::string dir = (std::filesystem::temp_directory_path() / ("kvq_bench_arch_" + family)).string();
+    const std::string family = key.substr(0, key.find(':'));
+    const bool fp8 = key.find(":fp8") != std::string::npos, stream = key.find(":stream") != std::string::npos;
+    std::string name = key;
+    for (char& c : name) c = c == ':' ? '_' : c;
+    const std::string dir = (std::filesystem::temp_directory_path() / ("kvq_bench_arch_" + name)).string();
     std::filesystem::remove_all(dir);
-    const hf::Spec s = spec(family);
-    hf::write_model(dir, hf::make_config(s), hf::make_weights(s), 2);
-    m = std::make_unique<kvq::Model>(kvq::Model::load(dir));
-    std::filesystem::remove_all(dir);
+    hf::Spec s = spec(family);
+    if (fp8)
+      s.extra["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+    hf::TensorMap w = hf::make_weights(s);
+    if (fp8) hf::quantize_fp8_blocks(w, 128, 128, is_projection);
+    hf::write_model(dir, hf::make_config(s), w, 2);
+    kvq::Model::LoadOptions lo;
+    lo.stream = stream;
+    m = std::make_unique<kvq::Model>(kvq::Model::load(dir, lo));
+    std::filesystem::remove_all(dir);  // a streamed model keeps its files mapped
   }
   return m.get();
 }
@@ -109,6 +147,10 @@ void BM_MistralSwa64(benchmark::State& s) { run(s, "mistral"); }
 void BM_Chatglm(benchmark::State& s) { run(s, "chatglm"); }
 void BM_Glm4(benchmark::State& s) { run(s, "glm4"); }
 void BM_DeepseekV2(benchmark::State& s) { run(s, "deepseek_v2"); }
+void BM_DeepseekV3(benchmark::State& s) { run(s, "deepseek_v3"); }
+void BM_DeepseekV3Stream(benchmark::State& s) { run(s, "deepseek_v3:stream"); }
+void BM_DeepseekV3Fp8Stream(benchmark::State& s) { run(s, "deepseek_v3:fp8:stream"); }
+void BM_Glm4Moe(benchmark::State& s) { run(s, "glm4_moe"); }
 BENCHMARK(BM_Llama)->Apply(args);
 BENCHMARK(BM_Qwen3)->Apply(args);
 BENCHMARK(BM_Qwen3Moe)->Apply(args);
@@ -117,6 +159,10 @@ BENCHMARK(BM_MistralSwa64)->Apply(args);
 BENCHMARK(BM_Chatglm)->Apply(args);
 BENCHMARK(BM_Glm4)->Apply(args);
 BENCHMARK(BM_DeepseekV2)->Apply(args);
+BENCHMARK(BM_DeepseekV3)->Apply(args);
+BENCHMARK(BM_DeepseekV3Stream)->Apply(args);
+BENCHMARK(BM_DeepseekV3Fp8Stream)->Apply(args);
+BENCHMARK(BM_Glm4Moe)->Apply(args);
 
 }  // namespace
 
