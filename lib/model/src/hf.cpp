@@ -113,13 +113,21 @@ class HfCheckpoint final : public LayerSource {
       auto slots = std::make_shared<std::vector<std::vector<Slot>>>(static_cast<size_t>(c_.n_experts));
       for (const Slot& s : p)
         if (s.expert >= 0) (*slots)[size_t(s.expert)].push_back(s);
-      L.expert_source = [this, slots](int e, at::Tensor* gate_up, at::Tensor* down) {
+      // One pair of fp32 buffers serves every expert of the layer in turn (the experts share a
+      // shape): converting into pages already mapped, not fresh ones the kernel must zero.
+      struct Buffers {
+        at::Tensor gate_up, down;
+      };
+      auto buf = std::make_shared<Buffers>();
+      L.expert_source = [this, slots, buf, E = size_t(c_.n_experts)](int e, at::Tensor* gate_up, at::Tensor* down) {
         LayerWeights one;
+        one.expert_gate_up.resize(E);
+        one.expert_down.resize(E);
+        one.expert_gate_up[size_t(e)] = buf->gate_up;
+        one.expert_down[size_t(e)] = buf->down;
         for (const Slot& s : (*slots)[size_t(e)]) fill(s, one);
-        *gate_up = std::move(one.expert_gate_up[size_t(e)]);
-        *down = std::move(one.expert_down[size_t(e)]);
-        for (const Slot& s : (*slots)[size_t(e)])
-          for (const WantTensor& w : s.parts) drop_stored(w.name);
+        buf->gate_up = *gate_up = one.expert_gate_up[size_t(e)];
+        buf->down = *down = one.expert_down[size_t(e)];
       };
     }
     *out = std::move(L);
@@ -129,20 +137,12 @@ class HfCheckpoint final : public LayerSource {
     for (const auto& want : plan_tensors(plan(l))) drop_stored(want.name);
   }
 
-  // The layer's stored bytes mapped at once: all of them, or (lazy experts) all but the routed
-  // experts' plus the largest expert's.
+  // The layer's stored bytes mapped at once while it is converted: each tensor's pages are handed
+  // back as soon as it is (fill), so the largest one's.
   int64_t stored_bytes(int l) const override {
-    int64_t n = 0, widest_expert = 0;
-    std::vector<int64_t> expert(static_cast<size_t>(std::max(0, c_.n_experts)), 0);
-    for (const Slot& s : plan(l))
-      for (const WantTensor& w : s.parts) {
-        const int64_t b = stored(w.name);
-        if (s.expert >= 0 && lazy_experts_)
-          widest_expert = std::max(widest_expert, expert[size_t(s.expert)] += b);
-        else
-          n += b;
-      }
-    return n + widest_expert;
+    int64_t widest = 0;
+    for (const WantTensor& w : plan_tensors(plan(l))) widest = std::max(widest, stored(w.name));
+    return widest;
   }
 
   at::Tensor embed_rows(const at::Tensor& ids) const override {
@@ -208,20 +208,22 @@ class HfCheckpoint final : public LayerSource {
     at::parallel_for(0, w.rows(), grain, [&](int64_t b, int64_t e) { decode_rows(w, b, e, d + b * cols); });
   }
 
-  // One slot into L: a tensor as it is, or several stacked as row ranges of one.
+  // One slot into L: a tensor as it is, or several stacked as row ranges of one (into the slot's
+  // tensor when it already has the shape: a reused buffer). Each part's stored pages are mapped in
+  // one call before it is converted and handed back to the kernel after.
   void fill(const Slot& s, LayerWeights& L) const {
     at::Tensor& dst = s.dst(L);
-    if (s.parts.size() == 1) {
-      dst = load(s.parts[0].name, s.parts[0].shape);
-      return;
-    }
     int64_t total = 0;
     for (const WantTensor& p : s.parts) total += p.shape[0];
-    const std::vector<int64_t>& first = s.parts[0].shape;
-    at::Tensor t = first.size() > 1 ? at::empty({total, first[1]}, at::kFloat) : at::empty({total}, at::kFloat);
+    std::vector<int64_t> shape = s.parts[0].shape;
+    shape[0] = total;
+    at::Tensor t = dst.defined() && dst.is_contiguous() && dst.scalar_type() == at::kFloat && dst.sizes() == at::IntArrayRef(shape)
+                       ? dst
+                       : at::empty(shape, at::kFloat);
     int64_t at_row = 0;
     for (const WantTensor& p : s.parts) {
       at::Tensor rows = t.narrow(0, at_row, p.shape[0]);
+      for (const std::string& n : stored_names(p.name)) file_of(n).prefault(n);
       auto q = quant_.find(p.name);
       if (q != quant_.end()) {
         decode_into(q->second, rows);
@@ -230,6 +232,7 @@ class HfCheckpoint final : public LayerSource {
         float* d = rows.data_ptr<float>();
         at::parallel_for(0, rows.numel(), 1 << 16, [&](int64_t b, int64_t e) { f.read_f32(p.name, b, e, d + b); });
       }
+      drop_stored(p.name);
       at_row += p.shape[0];
     }
     dst = t;

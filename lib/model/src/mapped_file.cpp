@@ -43,6 +43,19 @@ void MappedFile::drop(uint64_t offset, uint64_t len) const {
   (void)::madvise(const_cast<uint8_t*>(data_) + b, std::min(e, (size_ + page - 1) / page * page) - b, MADV_DONTNEED);
 }
 
+void MappedFile::prefault(uint64_t offset, uint64_t len) const {
+#ifdef MADV_POPULATE_READ
+  if (!data_ || offset >= size_ || len == 0) return;
+  const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+  const uint64_t end = std::min(size_, offset + len);
+  const uint64_t b = offset / page * page, e = (end + page - 1) / page * page;
+  (void)::madvise(const_cast<uint8_t*>(data_) + b, std::min(e, (size_ + page - 1) / page * page) - b, MADV_POPULATE_READ);
+#else
+  (void)offset;
+  (void)len;
+#endif
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

@@ -21,6 +21,10 @@ class MappedFile {
   // mapping is read-only and file-backed, so a later read pages them in again from the file).
   // Whole pages covering the range are dropped; out-of-range parts are clipped.
   void drop(uint64_t offset, uint64_t len) const;
+  // Maps the pages of [offset, offset + len) in one call (madvise POPULATE_READ) before they are
+  // read through: a page fault per 4 KiB otherwise dominates converting a large tensor. Advice
+  // only: a kernel without it, or a failure, leaves the pages to fault in as they are read.
+  void prefault(uint64_t offset, uint64_t len) const;
 
  private:
   std::string path_;

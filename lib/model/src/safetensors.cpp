@@ -146,6 +146,10 @@ void SafetensorsFile::drop(const std::string& name) const {
   if (const StTensorInfo* t = find(name)) file_.drop(uint64_t(data_ - file_.data()) + t->begin, t->end - t->begin);
 }
 
+void SafetensorsFile::prefault(const std::string& name) const {
+  if (const StTensorInfo* t = find(name)) file_.prefault(uint64_t(data_ - file_.data()) + t->begin, t->end - t->begin);
+}
+
 uint64_t SafetensorsFile::stored_bytes(const std::string& name) const {
   const StTensorInfo* t = find(name);
   return t ? t->end - t->begin : 0;

@@ -40,6 +40,8 @@ class SafetensorsFile {
   void read_f32(const std::string& name, int64_t begin, int64_t end, float* dst) const;
   // Hands the pages of tensor `name` back to the kernel (MappedFile::drop); no-op if absent.
   void drop(const std::string& name) const;
+  // Maps tensor `name`'s pages in one call before it is read (MappedFile::prefault); no-op if absent.
+  void prefault(const std::string& name) const;
   // Bytes tensor `name` occupies in the file (0 if absent).
   uint64_t stored_bytes(const std::string& name) const;
   // The stored bytes of tensor `name`, any dtype (F8_E4M3, U8, I32, ...): stored_bytes(name) of

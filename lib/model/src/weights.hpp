@@ -48,7 +48,7 @@ class LayerSource {
   virtual ~LayerSource() = default;
   virtual void build(int layer, LayerWeights* out) const = 0;  // fresh fp32 tensors of the layer
   virtual void release(int layer) const = 0;                   // drops the layer's stored pages
-  virtual int64_t stored_bytes(int layer) const = 0;           // the layer's bytes in the files
+  virtual int64_t stored_bytes(int layer) const = 0;           // stored bytes mapped at once converting it
   virtual at::Tensor embed_rows(const at::Tensor& ids) const = 0;  // ids [N] int64 -> [N, D] fp32
   virtual at::Tensor lm_head() const = 0;                          // [V, D] fp32, fresh
 };
