@@ -604,6 +604,23 @@ double rel_diff(const Model& m, const Reference& r, int vocab, uint32_t seed = 1
   return test::ref::rel_max_diff(logits_of(m, ids), r.forward(ids));
 }
 
+// Loads the checkpoint in dir (whole or streamed) and checks its logits against the reference
+// (within kTol, greedy ids equal) on two seeded prompts.
+Model load_and_compare(const std::string& dir, bool stream, const Reference& ref, int vocab, const char* what) {
+  Model::LoadOptions lo;
+  lo.stream = stream;
+  Model m = Model::load(dir, lo);
+  for (uint32_t seed : {11u, 12u}) {
+    const auto ids = seeded_ids(24, vocab, seed);
+    const Vec got = logits_of(m, ids), want = ref.forward(ids);
+    const double d = test::ref::rel_max_diff(got, want);
+    std::cout << "[ info ] " << what << (stream ? " streamed" : " whole") << " max rel diff " << d << "\n";
+    EXPECT_LT(d, kTol) << "seed " << seed;
+    EXPECT_EQ(argmax_rows(got, vocab), argmax_rows(want, vocab)) << "seed " << seed;
+  }
+  return m;
+}
+
 TEST(DeepseekV3, Fp8BlockCheckpointMatchesReference) {
   hf::Spec s = v3_spec();
   s.extra["quantization_config"] = fp8_config();
@@ -618,17 +635,7 @@ TEST(DeepseekV3, Fp8BlockCheckpointMatchesReference) {
   hf::write_model(dir.str(), hf::make_config(s), w, 3);
   for (const bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "whole");
-    Model::LoadOptions lo;
-    lo.stream = stream;
-    const Model m = Model::load(dir.str(), lo);
-    for (uint32_t seed : {11u, 12u}) {
-      const auto ids = seeded_ids(24, s.vocab, seed);
-      const Vec got = logits_of(m, ids), want = ref.forward(ids);
-      const double d = test::ref::rel_max_diff(got, want);
-      std::cout << "[ info ] FP8 blocks " << (stream ? "streamed" : "whole") << " max rel diff " << d << "\n";
-      EXPECT_LT(d, kTol) << "seed " << seed;
-      EXPECT_EQ(argmax_rows(got, s.vocab), argmax_rows(want, s.vocab)) << "seed " << seed;
-    }
+    const Model m = load_and_compare(dir.str(), stream, ref, s.vocab, "FP8 blocks");
     if (stream) continue;
     const hf::TensorMap per_tensor = misread_fp8(w, true), transposed = misread_fp8(w, false);
     const double d_tensor = rel_diff(m, Reference(s, per_tensor), s.vocab);
@@ -667,17 +674,7 @@ TEST(DeepseekV3, Int4PackedExpertsMatchReference) {
   hf::write_model(dir.str(), cfg, w, 3);
   for (const bool stream : {false, true}) {
     SCOPED_TRACE(stream ? "streamed" : "whole");
-    Model::LoadOptions lo;
-    lo.stream = stream;
-    const Model m = Model::load(dir.str(), lo);
-    for (uint32_t seed : {11u, 12u}) {
-      const auto ids = seeded_ids(24, s.vocab, seed);
-      const Vec got = logits_of(m, ids), want = ref.forward(ids);
-      const double d = test::ref::rel_max_diff(got, want);
-      std::cout << "[ info ] INT4 packed " << (stream ? "streamed" : "whole") << " max rel diff " << d << "\n";
-      EXPECT_LT(d, kTol) << "seed " << seed;
-      EXPECT_EQ(argmax_rows(got, s.vocab), argmax_rows(want, s.vocab)) << "seed " << seed;
-    }
+    const Model m = load_and_compare(dir.str(), stream, ref, s.vocab, "INT4 packed");
     if (stream) continue;
     // Negative control: nibbles read high first within each byte.
     hf::TensorMap swapped = w;
