@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "kvq/cli/cli.hpp"
-#include "kvq/model/model.hpp"
+#include "kvq/model/llama2c.hpp"
 #include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/util/error.hpp"
@@ -50,8 +50,7 @@ int main(int argc, char** argv) {
       // Only a llama2.c .bin needs the model's vocabulary size to find its tok<N>.bin.
       const bool hf = fs::is_directory(p) || p.filename() == "config.json" || p.extension() == ".safetensors" ||
                       p.filename() == "model.safetensors.index.json";
-      tok_path = kvq::Tokenizer::default_path_for_model(
-          model_path, hf ? 0 : kvq::Model::load(model_path).config().vocab_size);
+      tok_path = kvq::Tokenizer::default_path_for_model(model_path, hf ? 0 : kvq::llama2c_config(model_path).vocab_size);
     }
     auto tok = kvq::Tokenizer::load(tok_path);
     const std::string text = text_file.empty() ? text_string : kvq::read_file(text_file);
