@@ -2,6 +2,7 @@
 // writer throws, when SIGINT/SIGTERM/SIGHUP stops the process mid-write (one line, exit 128 + the
 // signal: issue 27), or after a SIGKILL once the path is written again.
 #include <gtest/gtest.h>
+#include <pthread.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvq/util/atomic_file.hpp"
@@ -308,4 +310,79 @@ TEST(OutputBatch, SignalRemovesHiddenDirectoryAndMadeParents) {
   EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << line;
   const auto left = listing(d);
   EXPECT_TRUE(left.empty()) << left.front();
+}
+
+// A stop signal sent to the process is taken by whichever thread does not block it. Taken by a
+// worker (a BLAS or MPI progress thread) while the main thread writes, the handler used to unlink the
+// temporaries and exit under the writer's feet — or before the writer created its file, which was
+// then left behind (the fault table's mpirun SIGTERM case, on CI). The handler now runs on the main
+// thread only: here the main thread holds the stop signals (as OutputBatch::commit does) while a
+// worker that does not is the signal's only taker; the signal must wait for the main thread, whose
+// output is then whole, and the process ends 143 with one line.
+TEST(AtomicFile, SignalTakenByAWorkerWaitsForTheMainThread) {
+  const auto out = kvq::test::temp_path("atomic-worker-signal.bin");
+  fs::remove(out);
+  int ready[2], go[2], err[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  ASSERT_EQ(::pipe(go), 0);
+  ASSERT_EQ(::pipe(err), 0);
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    ::dup2(err[1], 2);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) ::signal(s, SIG_DFL);
+    kvq::install_interrupt_handlers();
+    sigset_t stop;
+    sigemptyset(&stop);
+    for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaddset(&stop, s);
+    ::pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+    int worker_up[2];
+    if (::pipe(worker_up) != 0) ::_exit(4);
+    std::thread([&] {
+      ::pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);
+      const char c = 1;
+      (void)!::write(worker_up[1], &c, 1);
+      for (;;) ::pause();
+    }).detach();
+    char c = 0;
+    if (::read(worker_up[0], &c, 1) != 1) ::_exit(4);
+    kvq::write_atomically(out, [&](const std::string& tmp) {
+      std::ofstream(tmp) << "first half, ";
+      (void)!::write(ready[1], &c, 1);
+      if (::read(go[0], &c, 1) != 1) ::_exit(5);  // the parent has sent the signal
+      // The signal, passed on by the worker, waits for this thread (bounded: 20 s).
+      for (int i = 0;; ++i) {
+        sigset_t pending;
+        sigpending(&pending);
+        if (sigismember(&pending, SIGTERM)) break;
+        if (i == 2000) ::_exit(6);
+        ::usleep(10000);
+      }
+      std::ofstream(tmp, std::ios::app) << "second half";
+    });
+    ::pthread_sigmask(SIG_UNBLOCK, &stop, nullptr);  // the pending SIGTERM is taken here
+    ::_exit(0);
+  }
+  ::close(ready[1]);
+  ::close(go[0]);
+  ::close(err[1]);
+  char c = 0;
+  ASSERT_EQ(::read(ready[0], &c, 1), 1);
+  ::kill(pid, SIGTERM);
+  ASSERT_EQ(::write(go[1], &c, 1), 1);
+  int status = 0;
+  if (!kvq::test::wait_bounded(pid, &status)) FAIL() << "the writer did not end within 120 s of its signal";
+  ASSERT_TRUE(WIFEXITED(status)) << "died of signal " << (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  EXPECT_NE(WEXITSTATUS(status), 6) << "the signal never reached the main thread";
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);
+  std::string line;
+  char buf[512];
+  for (ssize_t n; (n = ::read(err[0], buf, sizeof buf)) > 0;) line.append(buf, size_t(n));
+  EXPECT_NE(line.find("interrupted by SIGTERM"), std::string::npos) << line;
+  EXPECT_EQ(std::count(line.begin(), line.end(), '\n'), 1) << line;
+  EXPECT_TRUE(fs::exists(out)) << "the handler ran beside the writer, not after it";
+  if (fs::exists(out)) EXPECT_EQ(kvq::read_file(out), "first half, second half");
+  EXPECT_FALSE(fs::exists(out + ".tmp." + std::to_string(pid)));
+  for (int fd : {ready[0], go[1], err[0]}) ::close(fd);
+  fs::remove(out);
 }

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -77,10 +78,41 @@ char g_notes[2][2048];
 std::atomic<int> g_note{-1};
 std::mutex g_note_mu;
 
+// The process's main thread (static initialisation runs on it), where every output is written. A
+// stop signal sent to the process may be taken by any thread that does not block it (a BLAS or MPI
+// progress thread, the progress printer); run on such a thread, the handler would unlink the
+// temporaries while the main thread goes on writing — and could create one after the unlink, left
+// behind by the _exit (mpirun's SIGTERM to a rank finishing its file). So the handler runs on the
+// main thread only: elsewhere it passes the signal on to it, where it waits if the main thread holds
+// the stop signals (OutputBatch::commit renaming its files).
+// In a forked child the thread that called fork is the only one, and its main thread.
+pid_t g_main_pid = 0, g_main_tid = 0;
+extern "C" void kvq_note_main_thread() {
+  g_main_pid = ::getpid();
+  g_main_tid = pid_t(::syscall(SYS_gettid));
+}
+struct MainThread {
+  MainThread() {
+    kvq_note_main_thread();
+    ::pthread_atfork(nullptr, nullptr, kvq_note_main_thread);
+  }
+} g_main_thread;
+
+// True when the signal was passed on to the main thread (the caller then returns).
+bool passed_to_main_thread(int sig) {
+  if (g_main_tid <= 0 || ::getpid() != g_main_pid) return false;  // a child made without fork()
+  if (pid_t(::syscall(SYS_gettid)) == g_main_tid) return false;
+  const int saved = errno;
+  const bool sent = ::syscall(SYS_tgkill, g_main_pid, g_main_tid, sig) == 0;  // fails only when main is gone
+  errno = saved;
+  return sent;
+}
+
 // SIGINT / SIGTERM / SIGHUP: remove the temporaries being written, say so in one line, exit
 // 128 + the signal (130, 143, 129) — a stop, not a death by the signal. Only async-signal-safe
-// calls (unlink, write, _exit) on fixed buffers.
+// calls (gettid, tgkill, unlink, write, _exit) on fixed buffers.
 extern "C" void kvq_remove_temporaries_and_exit(int sig) {
+  if (passed_to_main_thread(sig)) return;
   remove_registered();
   write_all(2, program_invocation_short_name);
   write_all(2, sig == SIGINT ? ": interrupted by SIGINT; " : sig == SIGTERM ? ": interrupted by SIGTERM; " : ": interrupted by SIGHUP; ");
