@@ -32,33 +32,15 @@ void put_f16(uint8_t* p, float x) {
 
 float get_f16(const uint8_t* p) { return layout::f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }
 
-// 4-bit: element 2j in the low nibble of byte j; 3-bit: 8 elements per 24-bit little-endian word.
+// vLLM's packing — 4-bit: element 2j in the low nibble of byte j; 3-bit: 8 elements per 24-bit
+// little-endian word, element i at bits 3i — is kvq's LSB-first code stream (packed_layout.hpp).
+// The output must be zeroed: the stream ORs its codes in (encode zeroes the slot).
 void pack(const uint8_t* codes, int n, int bits, uint8_t* out) {
-  if (bits == 4) {
-    for (int j = 0; j < n / 2; ++j) out[j] = uint8_t((codes[2 * j] & 0xF) | ((codes[2 * j + 1] & 0xF) << 4));
-    return;
-  }
-  for (int g = 0; g < n / 8; ++g) {
-    uint32_t word = 0;
-    for (int i = 0; i < 8; ++i) word |= uint32_t(codes[8 * g + i] & 7) << (3 * i);
-    out[3 * g] = uint8_t(word & 0xFF);
-    out[3 * g + 1] = uint8_t((word >> 8) & 0xFF);
-    out[3 * g + 2] = uint8_t((word >> 16) & 0xFF);
-  }
+  layout::pack_codes(codes, uint32_t(n), uint32_t(bits), out, 0);
 }
 
 void unpack_codes(const uint8_t* in, int n, int bits, uint8_t* codes) {
-  if (bits == 4) {
-    for (int j = 0; j < n / 2; ++j) {
-      codes[2 * j] = in[j] & 0xF;
-      codes[2 * j + 1] = in[j] >> 4;
-    }
-    return;
-  }
-  for (int g = 0; g < n / 8; ++g) {
-    const uint32_t word = uint32_t(in[3 * g]) | uint32_t(in[3 * g + 1]) << 8 | uint32_t(in[3 * g + 2]) << 16;
-    for (int i = 0; i < 8; ++i) codes[8 * g + i] = uint8_t((word >> (3 * i)) & 7);
-  }
+  layout::unpack_codes(in, 0, uint32_t(bits), uint32_t(n), codes);
 }
 
 // The engine's value quantizer (triton_turboquant_store.py, _store_quantized_value), in fp32.
