@@ -125,6 +125,19 @@ std::vector<Case> cases() {
       dec.scale = f == MinifloatFormat::kFp8E4M3 ? 0.0625f : 0.0078125f;
       out.push_back({std::string(f == MinifloatFormat::kFp8E4M3 ? "fp8" : "nvfp4") + " d" + std::to_string(d), dec, d});
     }
+  // vLLM's TurboQuant (allocation version 7): every side and width at two head dims.
+  for (int d : {64, 128})
+    for (Side side : {Side::kK, Side::kV})
+      for (int b : {3, 4, 8, 16}) {
+        if (side == Side::kV && b == 8) continue;
+        HeadDecision dec;
+        dec.kind = CodingKind::kVllmTurboQuant;
+        dec.side = side;
+        dec.bits = b;
+        out.push_back({std::string("vllm-tq ") + (side == Side::kK ? "K" : "V") + " d" + std::to_string(d) + " b" +
+                           std::to_string(b),
+                       dec, d});
+      }
   return out;
 }
 

@@ -60,6 +60,16 @@ std::vector<HeadDecision> one_of_each(int d) {
     mf.scale = 0.01f;
     out.push_back(mf);
   }
+  if ((d & (d - 1)) == 0)  // vLLM's TurboQuant: power-of-two head dims only
+    for (Side s : {Side::kK, Side::kV})
+      for (int b : {3, 4, 8, 16}) {
+        if (s == Side::kV && b == 8) continue;
+        HeadDecision tq;
+        tq.kind = CodingKind::kVllmTurboQuant;
+        tq.side = s;
+        tq.bits = b;
+        out.push_back(tq);
+      }
   return out;
 }
 
@@ -79,7 +89,7 @@ TEST(CodingKinds, NamesAreTheManifestSchemasEnumInEnumOrder) {
 }
 
 TEST(CodingKinds, CodeBitsAreTheCodeStreamOfTheLayout) {
-  for (int d : {8, 40, 96}) {
+  for (int d : {8, 40, 64, 96}) {
     for (const HeadDecision& dec : one_of_each(d)) {
       const HeadCodec codec(dec, d);
       const layout::PackedLayout& L = codec.layout();
@@ -105,7 +115,7 @@ TEST(CodingKinds, CodeBitsAreTheCodeStreamOfTheLayout) {
 }
 
 TEST(CodingKinds, QueryToLatentIsTheAdjointOfDecode) {
-  for (int d : {8, 40, 96}) {
+  for (int d : {8, 40, 64, 96}) {
     for (const HeadDecision& dec : one_of_each(d)) {
       const HeadCodec codec(dec, d);
       const int n = 11, cd = codec.code_dim();

@@ -14,7 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "kvq/codec/codec.hpp"
 #include "kvq/codec/vllm_turboquant.hpp"
+#include "kvq/format/coding_kinds.hpp"
 #include "run_cmd.hpp"
 
 using namespace kvq::vllm_tq;
@@ -287,4 +289,115 @@ TEST(VllmTurboQuant, KeyErrorMatchesTheCodebookDistortion) {
                 info(p).name, mean, se, expected);
     EXPECT_NEAR(mean, expected, 4 * se + 1e-3 * expected) << info(p).name;
   }
+}
+
+// ---- the coding kind vllm-turboquant: one side of the slot in kvq's packed layout ----------------
+// Its bytes hold exactly the slot's fields (the same code stream bytes, the same fp16 norm, scale
+// and zero), and HeadCodec decodes them bit for bit as the engine's slot decodes.
+
+namespace {
+
+kvq::HeadDecision tq_kind(kvq::Side s, int bits) {
+  kvq::HeadDecision dec;
+  dec.kind = kvq::CodingKind::kVllmTurboQuant;
+  dec.side = s;
+  dec.bits = bits;
+  return dec;
+}
+
+std::vector<float> gaussian(int n, int d, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> g(0.f, scale);
+  std::vector<float> x(size_t(n) * size_t(d));
+  for (float& v : x) v = g(rng);
+  return x;
+}
+
+}  // namespace
+
+TEST(VllmTurboQuantKind, BytesAreTheSlotsFieldsAndDecodeIsTheEngines) {
+  for (int D : {64, 128, 256})
+    for (int p = 0; p < kNumPresets; ++p) {
+      const Preset preset = Preset(p);
+      const Codec engine(preset, D);
+      const SlotLayout& sl = engine.layout();
+      const int kb = info(preset).key_bits, vb = info(preset).value_bits;
+      const kvq::codec::HeadCodec kc(tq_kind(kvq::Side::kK, kb), D), vc(tq_kind(kvq::Side::kV, vb), D);
+      const int n = 20;
+      const std::vector<float> k = gaussian(n, D, 7u + unsigned(D), 1.7f), v = gaussian(n, D, 9u + unsigned(p), 0.3f);
+      const std::vector<uint8_t> kp = kc.encode(k.data(), n), vp = vc.encode(v.data(), n);
+      std::vector<float> kd(size_t(n) * D), vd(size_t(n) * D);
+      kc.decode(kp.data(), n, kd.data());
+      vc.decode(vp.data(), n, vd.data());
+      const auto& kl = kc.layout();
+      const auto& vl = vc.layout();
+      const std::string where = std::string(info(preset).name) + " D " + std::to_string(D);
+      ASSERT_EQ(int(kl.block_bytes), sl.key_bytes) << where;  // no padding at these dims
+      ASSERT_EQ(int(vl.block_bytes), sl.value_bytes) << where;
+      for (int t = 0; t < n; ++t) {
+        std::vector<uint8_t> slot(static_cast<size_t>(sl.slot_bytes));
+        engine.encode(&k[size_t(t) * D], &v[size_t(t) * D], slot.data());
+        const uint8_t* kb_ = kp.data() + size_t(t) * kl.block_bytes;
+        const uint8_t* vb_ = vp.data() + size_t(t) * vl.block_bytes;
+        // Key: [fp16 norm | codes] here, [codes | fp16 norm] in the slot; FP8: the codes alone.
+        EXPECT_EQ(0, std::memcmp(kb_ + kl.meta_bytes, slot.data(), size_t(sl.key_code_bytes))) << where << " t " << t;
+        if (kb != 8) EXPECT_EQ(0, std::memcmp(kb_, slot.data() + sl.key_code_bytes, 2)) << where << " t " << t;
+        // Value: [fp16 scale | fp16 zero | codes] here, [codes | scale | zero] in the slot.
+        const uint8_t* sv = slot.data() + sl.key_bytes;
+        EXPECT_EQ(0, std::memcmp(vb_ + 4, sv, size_t(sl.value_code_bytes))) << where << " t " << t;
+        EXPECT_EQ(0, std::memcmp(vb_, sv + sl.value_code_bytes, 4)) << where << " t " << t;
+        std::vector<float> ek(static_cast<size_t>(D)), ev(static_cast<size_t>(D));
+        engine.decode(slot.data(), ek.data(), ev.data());
+        for (int j = 0; j < D; ++j) {
+          EXPECT_EQ(bits_of(kd[size_t(t) * D + j]), bits_of(ek[size_t(j)])) << where << " key t " << t << " j " << j;
+          EXPECT_EQ(bits_of(vd[size_t(t) * D + j]), bits_of(ev[size_t(j)])) << where << " value t " << t << " j " << j;
+        }
+      }
+    }
+}
+
+// A kept layer is stored in BF16: every decoded value is a bfloat16 (low 16 bits zero) and the
+// nearest one to the input (no bfloat16 strictly between), ties to the even mantissa.
+TEST(VllmTurboQuantKind, KeptLayerIsBf16RoundToNearestEven) {
+  const int D = 96;  // any dim: vLLM keeps a skipped layer whatever its head dim
+  std::vector<float> x = gaussian(8, D, 3, 5.f);
+  x[0] = 1.0f + 1.0f / 256.f;        // a tie: 1 + 2^-8 lies halfway between 1 and 1 + 2^-7 -> 1 (even)
+  x[1] = 1.0f + 3.0f / 256.f;        // a tie -> 1 + 2^-6 (even)
+  x[2] = -0.0f;
+  for (kvq::Side s : {kvq::Side::kK, kvq::Side::kV}) {
+    const kvq::codec::HeadCodec c(tq_kind(s, 16), D);
+    EXPECT_EQ(c.layout().block_bytes, uint32_t(2 * D));
+    const auto packed = c.encode(x.data(), 8);
+    std::vector<float> y(x.size());
+    c.decode(packed.data(), 8, y.data());
+    EXPECT_EQ(y[0], 1.0f);
+    EXPECT_EQ(y[1], 1.0f + 4.0f / 256.f);
+    EXPECT_EQ(bits_of(y[2]), 0x80000000u);
+    for (size_t i = 3; i < x.size(); ++i) {
+      ASSERT_EQ(bits_of(y[i]) & 0xFFFFu, 0u) << i;
+      const float up = std::nextafter(y[i], INFINITY), dn = std::nextafter(y[i], -INFINITY);
+      // The neighbouring bfloat16s are 2^16 float ulps away: the input lies within half of that.
+      const double ulp = double(std::nextafter(float(std::fabs(y[i])), INFINITY)) - double(std::fabs(y[i]));
+      EXPECT_LE(std::fabs(double(x[i]) - double(y[i])), 32768.0 * ulp * 1.0000001) << i << " " << up << " " << dn;
+    }
+  }
+}
+
+TEST(VllmTurboQuantKind, HeadDimRuleIsTheEnginesAndBadDecisionsAreRefused) {
+  for (int D = 1; D <= 300; ++D)
+    EXPECT_EQ(kvq::kinds::vllm_tq_unsupported_head_dim(D), unsupported_head_dim(D)) << D;
+  auto refused = [](const kvq::HeadDecision& dec, int D, const std::string& want) {
+    try {
+      kvq::codec::HeadCodec c(dec, D);
+      ADD_FAILURE() << "accepted bits " << dec.bits << " at D " << D;
+    } catch (const kvq::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  };
+  refused(tq_kind(kvq::Side::kV, 8), 128, "values with 3 or 4 bits");
+  refused(tq_kind(kvq::Side::kK, 2), 128, "keys with 3, 4 or 8 (FP8) bits");
+  refused(tq_kind(kvq::Side::kK, 4), 96, "not a power of two");
+  refused(tq_kind(kvq::Side::kV, 3), 512, "over 256");
+  EXPECT_NO_THROW(kvq::codec::HeadCodec(tq_kind(kvq::Side::kK, 16), 96));
 }

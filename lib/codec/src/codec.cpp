@@ -8,6 +8,7 @@
 #include "kind_kivi.hpp"
 #include "kind_lowrank_hadamard.hpp"
 #include "kind_minifloat.hpp"
+#include "kind_vllm_turboquant.hpp"
 #include "kind_tq_groups.hpp"
 #include "kvq/format/coding_kinds.hpp"
 #include "kvq/format/decision_layout.hpp"
@@ -27,7 +28,7 @@ std::unique_ptr<const KindCodec> make(const HeadDecision& dec, int head_dim, con
 
 // Index = CodingKind value, as kCodingKinds.
 constexpr Factory kFactories[] = {make<TqGroupsCodec>, make<LowRankHadamardCodec>, make<KiviCodec>,
-                                  make<MinifloatCodec>};
+                                  make<MinifloatCodec>, make<VllmTurboQuantCodec>};
 static_assert(sizeof(kFactories) / sizeof(kFactories[0]) == kNumCodingKinds, "one codec per kCodingKinds row");
 
 }  // namespace

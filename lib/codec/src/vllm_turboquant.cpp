@@ -24,14 +24,6 @@ const PresetInfo kPresets[kNumPresets] = {
 
 int ceil_bytes(int n, int bits) { return (n * bits + 7) / 8; }
 
-void put_f16(uint8_t* p, float x) {
-  const uint16_t h = layout::f32_to_f16(x);
-  p[0] = uint8_t(h & 0xFF);
-  p[1] = uint8_t(h >> 8);
-}
-
-float get_f16(const uint8_t* p) { return layout::f16_to_f32(uint16_t(p[0] | (p[1] << 8))); }
-
 // vLLM's packing — 4-bit: element 2j in the low nibble of byte j; 3-bit: 8 elements per 24-bit
 // little-endian word, element i at bits 3i — is kvq's LSB-first code stream (packed_layout.hpp).
 // The output must be zeroed: the stream ORs its codes in (encode zeroes the slot).
@@ -41,34 +33,6 @@ void pack(const uint8_t* codes, int n, int bits, uint8_t* out) {
 
 void unpack_codes(const uint8_t* in, int n, int bits, uint8_t* codes) {
   layout::unpack_codes(in, 0, uint32_t(bits), uint32_t(n), codes);
-}
-
-// The engine's value quantizer (triton_turboquant_store.py, _store_quantized_value), in fp32.
-void encode_value(const float* v, int D, int bits, uint8_t* out, int code_bytes) {
-  float mn = v[0], mx = v[0];
-  for (int j = 1; j < D; ++j) {
-    mn = std::min(mn, v[j]);
-    mx = std::max(mx, v[j]);
-  }
-  const float top = float((1 << bits) - 1);
-  float s = (mx - mn) / top;
-  s = s > 1e-8f ? s : 1e-8f;
-  uint8_t codes[256] = {};
-  for (int j = 0; j < D; ++j) {
-    const float t = (v[j] - mn) / s + 0.5f;
-    // trunc toward zero, clamped to the code range (a NaN converts to 0 on the GPU)
-    codes[j] = std::isnan(t) ? 0 : t >= top ? uint8_t(top) : t <= 0.0f ? 0 : uint8_t(int(t));
-  }
-  pack(codes, D, bits, out);
-  put_f16(out + code_bytes, s);
-  put_f16(out + code_bytes + 2, mn);
-}
-
-void decode_value(const uint8_t* in, int D, int bits, int code_bytes, float* v) {
-  uint8_t codes[256] = {};
-  unpack_codes(in, D, bits, codes);
-  const float s = get_f16(in + code_bytes), z = get_f16(in + code_bytes + 2);
-  for (int j = 0; j < D; ++j) v[j] = float(codes[j]) * s + z;
 }
 
 }  // namespace
@@ -169,57 +133,100 @@ Codec::Codec(Preset p, int D) : info_(&info(p)), layout_(slot_layout(p, D)) {
   }
 }
 
+void encode_key(const Codebook& cb, const std::vector<float>& h, int D, const float* k, uint8_t* codes,
+                uint16_t* norm_f16) {
+  double ss = 0.0;
+  for (int j = 0; j < D; ++j) ss += double(k[j]) * double(k[j]);
+  const float n = float(std::sqrt(ss));
+  const float denom = n + 1e-8f;
+  float x[256];
+  for (int j = 0; j < D; ++j) x[j] = k[j] / denom;
+  const std::vector<float>& mid = cb.midpoints;
+  for (int j = 0; j < D; ++j) {
+    double acc = 0.0;  // y_j = sum_i x_i H[i][j], summed in double and rounded once
+    for (int i = 0; i < D; ++i) acc += double(x[i]) * double(h[size_t(i) * size_t(D) + size_t(j)]);
+    const float y = float(acc);
+    codes[j] = uint8_t(std::upper_bound(mid.begin(), mid.end(), y) - mid.begin());  // midpoints <= y
+  }
+  *norm_f16 = layout::f32_to_f16(n);
+}
+
+void decode_key(const Codebook& cb, const std::vector<float>& h, int D, bool norm_correction, const uint8_t* codes,
+                uint16_t norm_f16, float* k) {
+  float c[256];
+  double ss = 0.0;
+  for (int j = 0; j < D; ++j) {
+    c[j] = cb.centroids[codes[j]];
+    ss += double(c[j]) * double(c[j]);
+  }
+  if (norm_correction) {
+    const float cn = std::sqrt(float(ss) + 1e-16f);
+    for (int j = 0; j < D; ++j) c[j] = c[j] / cn;
+  }
+  const float n = layout::f16_to_f32(norm_f16);
+  for (int j = 0; j < D; ++j) {
+    double acc = 0.0;  // (c . H)_j, H symmetric: the inverse rotation
+    for (int i = 0; i < D; ++i) acc += double(c[i]) * double(h[size_t(i) * size_t(D) + size_t(j)]);
+    k[j] = n * float(acc);
+  }
+}
+
+// The engine's value quantizer (triton_turboquant_store.py, _store_quantized_value), in fp32.
+void encode_value(const float* v, int D, int bits, uint8_t* codes, uint16_t* scale_f16, uint16_t* zero_f16) {
+  float mn = v[0], mx = v[0];
+  for (int j = 1; j < D; ++j) {
+    mn = std::min(mn, v[j]);
+    mx = std::max(mx, v[j]);
+  }
+  const float top = float((1 << bits) - 1);
+  float s = (mx - mn) / top;
+  s = s > 1e-8f ? s : 1e-8f;
+  for (int j = 0; j < D; ++j) {
+    const float t = (v[j] - mn) / s + 0.5f;
+    // trunc toward zero, clamped to the code range (a NaN converts to 0 on the GPU)
+    codes[j] = std::isnan(t) ? 0 : t >= top ? uint8_t(top) : t <= 0.0f ? 0 : uint8_t(int(t));
+  }
+  *scale_f16 = layout::f32_to_f16(s);
+  *zero_f16 = layout::f32_to_f16(mn);
+}
+
+void decode_value(const uint8_t* codes, int D, uint16_t scale_f16, uint16_t zero_f16, float* v) {
+  const float s = layout::f16_to_f32(scale_f16), z = layout::f16_to_f32(zero_f16);
+  for (int j = 0; j < D; ++j) v[j] = float(codes[j]) * s + z;
+}
+
 void Codec::encode(const float* k, const float* v, uint8_t* slot) const {
   const int D = layout_.head_dim;
   std::fill(slot, slot + layout_.slot_bytes, uint8_t(0));
+  uint8_t codes[256] = {};
+  uint16_t a = 0, b = 0;
   if (info_->key_bits == 8) {
     for (int j = 0; j < D; ++j) slot[j] = codec::e4m3_encode(double(k[j]), codec::E4M3Overflow::kSaturate);
   } else {
-    double ss = 0.0;
-    for (int j = 0; j < D; ++j) ss += double(k[j]) * double(k[j]);
-    const float n = float(std::sqrt(ss));
-    const float denom = n + 1e-8f;
-    float x[256];
-    for (int j = 0; j < D; ++j) x[j] = k[j] / denom;
-    uint8_t codes[256] = {};
-    const std::vector<float>& mid = codebook_.midpoints;
-    for (int j = 0; j < D; ++j) {
-      double acc = 0.0;  // y_j = sum_i x_i H[i][j], summed in double and rounded once
-      for (int i = 0; i < D; ++i) acc += double(x[i]) * double(h_[size_t(i) * size_t(D) + size_t(j)]);
-      const float y = float(acc);
-      codes[j] = uint8_t(std::upper_bound(mid.begin(), mid.end(), y) - mid.begin());  // midpoints <= y
-    }
+    encode_key(codebook_, h_, D, k, codes, &a);
     pack(codes, D, info_->key_bits, slot);
-    put_f16(slot + layout_.key_code_bytes, n);
+    layout::store_u16le(slot + layout_.key_code_bytes, a);
   }
-  encode_value(v, D, info_->value_bits, slot + layout_.key_bytes, layout_.value_code_bytes);
+  uint8_t* val = slot + layout_.key_bytes;
+  encode_value(v, D, info_->value_bits, codes, &a, &b);
+  pack(codes, D, info_->value_bits, val);
+  layout::store_u16le(val + layout_.value_code_bytes, a);
+  layout::store_u16le(val + layout_.value_code_bytes + 2, b);
 }
 
 void Codec::decode(const uint8_t* slot, float* k, float* v) const {
   const int D = layout_.head_dim;
+  uint8_t codes[256] = {};
   if (info_->key_bits == 8) {
     for (int j = 0; j < D; ++j) k[j] = codec::e4m3_decode(slot[j]);
   } else {
-    uint8_t codes[256] = {};
     unpack_codes(slot, D, info_->key_bits, codes);
-    float c[256];
-    double ss = 0.0;
-    for (int j = 0; j < D; ++j) {
-      c[j] = codebook_.centroids[codes[j]];
-      ss += double(c[j]) * double(c[j]);
-    }
-    if (info_->norm_correction) {
-      const float cn = std::sqrt(float(ss) + 1e-16f);
-      for (int j = 0; j < D; ++j) c[j] = c[j] / cn;
-    }
-    const float n = get_f16(slot + layout_.key_code_bytes);
-    for (int j = 0; j < D; ++j) {
-      double acc = 0.0;  // (c . H)_j, H symmetric: the inverse rotation
-      for (int i = 0; i < D; ++i) acc += double(c[i]) * double(h_[size_t(i) * size_t(D) + size_t(j)]);
-      k[j] = n * float(acc);
-    }
+    decode_key(codebook_, h_, D, info_->norm_correction, codes, layout::load_u16le(slot + layout_.key_code_bytes), k);
   }
-  decode_value(slot + layout_.key_bytes, D, info_->value_bits, layout_.value_code_bytes, v);
+  const uint8_t* val = slot + layout_.key_bytes;
+  unpack_codes(val, D, info_->value_bits, codes);
+  decode_value(codes, D, layout::load_u16le(val + layout_.value_code_bytes),
+               layout::load_u16le(val + layout_.value_code_bytes + 2), v);
 }
 
 void Codec::unpack(const uint8_t* slot, uint8_t* key_codes, uint8_t* value_codes) const {

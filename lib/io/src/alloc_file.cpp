@@ -20,6 +20,7 @@ using json = nlohmann::json;
 
 using alloc_heads::int_field;
 static_assert(kCodingKinds[size_t(CodingKind::kMinifloat)].first_alloc_version == kAllocMinifloatVersion &&
+                  kCodingKinds[size_t(CodingKind::kVllmTurboQuant)].first_alloc_version == kAllocVllmTurboQuantVersion &&
                   kCodingKinds[0].first_alloc_version == kAllocOldestVersion,
               "the kinds' first allocation versions are the file format's");
 

@@ -24,7 +24,7 @@ namespace kvq::cuda::detail {
 // Every kind the allocator writes is supported today (minifloat since the GPU encoder); kept as the
 // one place a new kind is turned away.
 inline void reject_unsupported_kind(const codec::HeadCodec& c) {
-  if (static_cast<uint32_t>(c.decision().kind) >= layout::kNumKinds)
+  if (static_cast<uint32_t>(c.decision().kind) >= layout::kNumGpuKinds)
     throw Error("", "cuda: " + decision_name(c.decision()), "coding kind not supported on GPU");
 }
 
@@ -40,6 +40,7 @@ DevHead make_dev_head(const codec::HeadCodec& c, Upload&& upload) {
     case CodingKind::kLowRankHadamard: lrh_dev_tables(c, v, upload); break;
     case CodingKind::kKivi: break;
     case CodingKind::kMinifloat: v.mf_scale = c.decision().scale; break;
+    case CodingKind::kVllmTurboQuant: reject_unsupported_kind(c); break;  // CPU-only (vLLM runs its own kernels)
   }
   return v;
 }

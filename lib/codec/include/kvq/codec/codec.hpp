@@ -37,6 +37,10 @@
 //                   s = E4M3(amax / (6 g)), codes E2M1(x / (s~ g)), decode e2m1 * s~ * g (g = the
 //                   decision's global scale). kvq/codec/minifloat.hpp does the rounding; the latent
 //                   is the decoded x.
+//  kVllmTurboQuant  vLLM's TurboQuant cache, exactly as kvq/codec/vllm_turboquant.hpp writes it
+//                   (the engine's quantizers, one side of its slot): K 3/4 bits Lloyd-Max after
+//                   the Hadamard rotation with the norm correction, K 8 FP8 E4M3 (no scale), V 3/4
+//                   bits per-token min/max; bits 16 = a kept layer, BF16. CPU only; latent = x.
 // Norms above the fp16 range are stored as 65504 (the largest fp16); non-finite inputs throw.
 // Encoding is bit-identical on every CPU (its projections use an FMA-free kernel); decoding may
 // differ in the last bits between CPUs (it uses FMA where available).

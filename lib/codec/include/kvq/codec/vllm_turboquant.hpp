@@ -69,6 +69,17 @@ Codebook lloyd_max(int head_dim, int bits);
 // The D x D Sylvester Hadamard matrix divided by sqrt(D) in fp32, row-major.
 std::vector<float> hadamard(int head_dim);
 
+// One side of a slot on its own, codes unpacked (one per element) — what the coding kind
+// `vllm-turboquant` (kind_vllm_turboquant.cpp) stores in kvq's packed layout and Codec packs into
+// the engine's slot. Key (3/4 bits): codes and the fp16 bits of the norm; decode with the norm
+// correction of the _nc presets. Value: codes and the fp16 bits of the scale and the zero.
+void encode_key(const Codebook& cb, const std::vector<float>& rotation, int head_dim, const float* k, uint8_t* codes,
+                uint16_t* norm_f16);
+void decode_key(const Codebook& cb, const std::vector<float>& rotation, int head_dim, bool norm_correction,
+                const uint8_t* codes, uint16_t norm_f16, float* k);
+void encode_value(const float* v, int head_dim, int bits, uint8_t* codes, uint16_t* scale_f16, uint16_t* zero_f16);
+void decode_value(const uint8_t* codes, int head_dim, uint16_t scale_f16, uint16_t zero_f16, float* v);
+
 // Everything one preset needs at one head dim, built once.
 class Codec {
  public:

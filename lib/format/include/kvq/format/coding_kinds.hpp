@@ -225,6 +225,34 @@ inline void minifloat_widths(const HeadDecision& dec, int head_dim, int* w) {
   std::fill(w, w + head_dim, dec.minifloat == MinifloatFormat::kFp8E4M3 ? 8 : 4);
 }
 
+// ---- vllm-turboquant: vLLM's TurboQuant cache, one side of the engine's slot ----
+
+// Why vLLM's TurboQuant cannot code head dim d (empty when it can) — the same rule as
+// kvq::vllm_tq::unsupported_head_dim (lib/codec), which test_vllm_tq_kind holds equal.
+inline std::string vllm_tq_unsupported_head_dim(int head_dim) {
+  if (head_dim < 8) return "head dim " + std::to_string(head_dim) + " is under 8 (vLLM packs 3-bit codes 8 to a word)";
+  if (head_dim > 256) return "head dim " + std::to_string(head_dim) + " is over 256";
+  if ((head_dim & (head_dim - 1)) != 0)
+    return "head dim " + std::to_string(head_dim) +
+           " is not a power of two (vLLM's Hadamard rotation needs one, vLLM #41413)";
+  return "";
+}
+
+inline PackedLayout vllm_tq_layout(const HeadDecision& dec, int head_dim) {
+  const bool k = dec.side == Side::kK;
+  const int b = dec.bits;
+  if (!(b == 3 || b == 4 || b == 16 || (k && b == 8)))
+    bad_decision(dec, "bits",
+                 std::string("vLLM's TurboQuant codes ") + (k ? "keys with 3, 4 or 8 (FP8) bits" : "values with 3 or 4 bits") +
+                     ", or keeps the layer (16), got " + std::to_string(b));
+  if (b != static_cast<int>(layout::kVllmTqKeptBits))
+    if (const std::string why = vllm_tq_unsupported_head_dim(head_dim); !why.empty()) bad_decision(dec, "head_dim", why);
+  return layout::make_vllm_tq_layout(static_cast<uint32_t>(dec.side), static_cast<uint32_t>(head_dim),
+                                     static_cast<uint32_t>(b));
+}
+
+inline void vllm_tq_widths(const HeadDecision& dec, int head_dim, int* w) { std::fill(w, w + head_dim, dec.bits); }
+
 }  // namespace kinds
 
 // Index = the CodingKind's value (its number on disk and in the packed layout).
@@ -237,6 +265,8 @@ inline constexpr CodingKindTraits kCodingKinds[] = {
     {CodingKind::kKivi, "kivi", 1, kFieldBits | kFieldGroupSize, kinds::kivi_layout, nullptr, kinds::kivi_widths},
     {CodingKind::kMinifloat, "minifloat", 2, kFieldMinifloat | kFieldScale, kinds::minifloat_layout, nullptr,
      kinds::minifloat_widths},
+    {CodingKind::kVllmTurboQuant, "vllm-turboquant", 7, kFieldBits, kinds::vllm_tq_layout, nullptr,
+     kinds::vllm_tq_widths},
 };
 inline constexpr size_t kNumCodingKinds = sizeof(kCodingKinds) / sizeof(kCodingKinds[0]);
 

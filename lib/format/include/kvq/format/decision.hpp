@@ -22,6 +22,7 @@ enum class Method : uint32_t {
   kCobraMeasured = 5,  // measured D(r,b) + exact C2
   kKivi = 6,           // KIVI-style asymmetric baseline (K per channel, V per token)
   kLayerPrecision = 7, // per layer: FP8 E4M3 or NVFP4 for its K and V (serving engines' formats)
+  kVllmTurboQuant = 8, // vLLM's TurboQuant cache: one preset for the model, the layers to keep in BF16
 };
 
 struct MethodName {
@@ -34,6 +35,7 @@ inline constexpr MethodName kMethodNames[] = {
     {Method::kCobraMse, "cobra-mse"},      {Method::kCobraKl, "cobra-kl"},
     {Method::kCobraDp, "cobra-dp"},        {Method::kCobraMeasured, "cobra-measured"},
     {Method::kKivi, "kivi"},               {Method::kLayerPrecision, "layer-precision"},
+    {Method::kVllmTurboQuant, "vllm-turboquant"},
 };
 constexpr bool method_table_in_enum_order() {
   for (size_t i = 0; i < sizeof(kMethodNames) / sizeof(kMethodNames[0]); ++i)
@@ -41,7 +43,8 @@ constexpr bool method_table_in_enum_order() {
   return true;
 }
 static_assert(method_table_in_enum_order(), "kMethodNames must list every Method in enum order");
-static_assert(static_cast<uint32_t>(Method::kKivi) == 6 && static_cast<uint32_t>(Method::kLayerPrecision) == 7,
+static_assert(static_cast<uint32_t>(Method::kKivi) == 6 && static_cast<uint32_t>(Method::kLayerPrecision) == 7 &&
+                  static_cast<uint32_t>(Method::kVllmTurboQuant) == 8,
               "Method values are frozen (written to files)");
 
 inline const char* to_string(Method m) {
@@ -70,6 +73,11 @@ enum class CodingKind : uint32_t {
   kLowRankHadamard = 1,  // y = U_r^T (x - mu), seeded-sign WHT, uniform scalar at `bits`
   kKivi = 2,
   kMinifloat = 3,  // a serving engine's number format (MinifloatFormat) with a static per-head scale
+  // vLLM's TurboQuant cache, one side of the engine's slot (kvq/codec/vllm_turboquant.hpp), by
+  // `bits`: K 3 or 4 = Lloyd-Max keys after the Hadamard rotation with the norm correction of the
+  // _nc presets, K 8 = FP8 E4M3 keys (k8v4); V 3 or 4 = per-token min/max uniform values; 16 = the
+  // layer kept in the model dtype (--kv-cache-dtype-skip-layers), stored as BF16.
+  kVllmTurboQuant = 4,
 };
 // kMinifloat formats (kvq/codec/minifloat.hpp). Written to files: never renumber.
 enum class MinifloatFormat : uint32_t {
@@ -79,7 +87,8 @@ enum class MinifloatFormat : uint32_t {
 static_assert(static_cast<uint32_t>(CodingKind::kTqGroups) == layout::kKindTqGroups &&
                   static_cast<uint32_t>(CodingKind::kLowRankHadamard) == layout::kKindLowRankHadamard &&
                   static_cast<uint32_t>(CodingKind::kKivi) == layout::kKindKivi &&
-                  static_cast<uint32_t>(CodingKind::kMinifloat) == layout::kKindMinifloat,
+                  static_cast<uint32_t>(CodingKind::kMinifloat) == layout::kKindMinifloat &&
+                  static_cast<uint32_t>(CodingKind::kVllmTurboQuant) == layout::kKindVllmTurboQuant,
               "CodingKind and the packed layout's kind numbers are one set");
 static_assert(static_cast<uint32_t>(Side::kK) == layout::kSideK && static_cast<uint32_t>(Side::kV) == layout::kSideV,
               "Side and the packed layout's side numbers are one set");
@@ -158,6 +167,8 @@ struct HeadDecision {
 
   // kKivi
   int group_size = 32;
+
+  // kVllmTurboQuant: `bits` above (K 3, 4, 8 or 16; V 3, 4 or 16).
 
   // kMinifloat: the format; `scale` above holds its static scale (FP8: the per-head scale, NVFP4:
   // the global scale), computed from the calibration's amax.

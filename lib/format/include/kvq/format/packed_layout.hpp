@@ -28,7 +28,10 @@ constexpr uint32_t kKindTqGroups = 0;
 constexpr uint32_t kKindLowRankHadamard = 1;
 constexpr uint32_t kKindKivi = 2;
 constexpr uint32_t kKindMinifloat = 3;
-constexpr uint32_t kNumKinds = 4;
+constexpr uint32_t kKindVllmTurboQuant = 4;
+constexpr uint32_t kNumKinds = 5;
+// The kinds the CUDA kernels code (0 .. kNumGpuKinds - 1); the others are CPU-only and refused there.
+constexpr uint32_t kNumGpuKinds = 4;
 constexpr uint32_t kSideK = 0;
 constexpr uint32_t kSideV = 1;
 
@@ -193,6 +196,31 @@ KVQ_HD PackedLayout make_minifloat_layout(uint32_t side, uint32_t head_dim, uint
     L.meta_bytes = L.n_records;  // one E4M3 byte per block scale
   }
   L.code_bits_per_token = head_dim * L.bits;
+  finish_block(L);
+  return L;
+}
+
+// vLLM's TurboQuant cache, one side of the engine's slot, one token per block (schemas/packed-layout.md,
+// kind 4), codes LSB-first (vLLM's 4-bit nibbles and 3-bit 24-bit words are this stream):
+//  K, bits 3/4: one fp16 record (the key's norm), then d codes (Lloyd-Max, rotated).
+//  K, bits 8:   no records, d FP8 E4M3 codes.
+//  V, bits 3/4: one scale/zero record (fp16 scale, fp16 minimum: the KiviRecord), then d codes.
+//  bits 16:     a kept layer: no records, d BF16 values as 16-bit codes.
+// The engine's slot holds the same fields, each side's records after its codes (vllm_tq::Codec).
+constexpr uint32_t kVllmTqKeptBits = 16;
+KVQ_HD PackedLayout make_vllm_tq_layout(uint32_t side, uint32_t head_dim, uint32_t bits) {
+  PackedLayout L = empty_layout();
+  L.kind = kKindVllmTurboQuant;
+  L.side = side;
+  L.head_dim = head_dim;
+  L.code_dim = head_dim;
+  L.tokens_per_block = 1;
+  L.bits = bits;
+  if (bits <= 4) {
+    L.n_records = 1;
+    L.meta_bytes = side == kSideK ? (uint32_t)sizeof(NormRecord) : (uint32_t)sizeof(KiviRecord);
+  }
+  L.code_bits_per_token = head_dim * bits;
   finish_block(L);
   return L;
 }
