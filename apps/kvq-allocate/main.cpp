@@ -13,7 +13,12 @@ int main(int argc, char** argv) {
       "(D(r,b) measured on the reservoir with the real codec + exact C2). V: --v-method, --v-bpd.\n"
       "layer-precision (--method; --v-method follows it): FP8 or NVFP4 per layer for K and V, the least\n"
       "attention error (or --objective mse: reservoir MSE) with mean effective bits per dim <= --bpd (--formats "
-      "fp8,nvfp4[,fp8_k_nvfp4_v])."};
+      "fp8,nvfp4[,fp8_k_nvfp4_v]).\n"
+      "vllm-turboquant (--method; --v-method follows it): the setting of vLLM's TurboQuant cache, measured\n"
+      "with the engine's own codec: one preset (--presets) and the layers to keep in BF16 (always the\n"
+      "engine's first 2 and last 2), the least attention error within --bpd (kept layers at 16 bits),\n"
+      "or with --max-error X the fewest bytes whose error is <= X. kvq-export vllm-turboquant writes\n"
+      "the vllm serve flags."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   kvq::AllocateOptions o;
@@ -25,7 +30,7 @@ int main(int argc, char** argv) {
   auto* v_method_opt =
       app.add_option("--v-method", v_method,
                      "V allocation method (" + kvq::allocation_method_names(kvq::Side::kV) +
-                         "; default with --method layer-precision: layer-precision)")
+                         "; default with --method layer-precision / vllm-turboquant: the same)")
           ->default_val(v_method);
   app.add_option("--v-bpd", o.v_bpd, "V budget in bits per dimension (default: --bpd, rounded up for uniform)");
   kvq::cli::add_out(app, o.out, "output allocation file (.kvqalloc.h5), written atomically");
@@ -94,6 +99,15 @@ int main(int argc, char** argv) {
                  "what the DP minimises on the reservoir: attention (K's post-RoPE logit error against the group's "
                  "queries carried through the softmax, plus V's attention-output error) or mse (reservoir MSE)")
       ->default_val(o.objective)->check(CLI::IsMember({"attention", "mse"}));
+  auto* vt = app.add_option_group("vllm-turboquant");
+  vt->add_option("--presets", o.vllm_presets,
+                 "presets to choose from: all, or a comma-separated list of turboquant_k8v4, turboquant_4bit_nc, "
+                 "turboquant_k3v4_nc, turboquant_3bit_nc")
+      ->default_val(o.vllm_presets);
+  vt->add_option("--max-error", o.max_error,
+                 "instead of --bpd: the fewest bytes whose total measured error (--objective, summed over layers, "
+                 "K and V) is <= this; the allocation records the error of the choice and of vLLM's default")
+      ->check(CLI::NonNegativeNumber);
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {
@@ -107,7 +121,9 @@ int main(int argc, char** argv) {
                                              : kvq::AllocateOptions::GroupNorms::kFp16;
     o.method = kvq::allocation_method_from_flag("--method", method, kvq::Side::kK);
     // layer-precision decides K and V of a layer together: --v-method follows unless given.
-    if (o.method == kvq::Method::kLayerPrecision && v_method_opt->count() == 0) v_method = method;
+    if ((o.method == kvq::Method::kLayerPrecision || o.method == kvq::Method::kVllmTurboQuant) &&
+        v_method_opt->count() == 0)
+      v_method = method;
     o.v_method = kvq::allocation_method_from_flag("--v-method", v_method, kvq::Side::kV);
     kvq::OutputBatch outputs;  // --out and --manifest together, or neither
     kvq::run_allocate(o);

@@ -6,6 +6,7 @@
 #include "kvq/util/atomic_file.hpp"
 #include "kvq/export/modelopt.hpp"
 #include "kvq/export/vllm.hpp"
+#include "kvq/export/vllm_turboquant.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{
@@ -18,7 +19,11 @@ int main(int argc, char** argv) {
       "  kvq-export modelopt --alloc lp.kvqalloc.h5 --out ckpt/\n"
       "      ckpt/hf_quant_config.json: per-layer FP8 / NVFP4 / FP8_K_NVFP4_V KV cache of a layer-precision\n"
       "      allocation.\n"
-      "  With --model M (an HF checkpoint directory) either writes --out DIR as a model directory the engine\n"
+      "  kvq-export vllm-turboquant --alloc tq.kvqalloc.h5 [--out DIR]\n"
+      "      the vllm serve arguments of a vllm-turboquant allocation, printed (stdout): --kv-cache-dtype\n"
+      "      <preset> --kv-cache-dtype-skip-layers <kept layers>; with --out also DIR/vllm_serve_args.txt and\n"
+      "      DIR/vllm_turboquant.json (the same, with the measured errors).\n"
+      "  With --model M (an HF checkpoint directory) any of them writes --out DIR as a model directory the engine\n"
       "  loads as it is: M's files linked (--copy: copied), config.json with quantization_config.kv_cache_scheme\n"
       "  merged (vllm), hf_quant_config.json plus self_attn.{k,v}_proj.{k,v}_scale (modelopt), the scales in\n"
       "  kv_scales.safetensors and model.safetensors.index.json listing every tensor. DIR must not exist or\n"
@@ -57,10 +62,22 @@ int main(int argc, char** argv) {
                                       "directory with hf_quant_config.json and the scale tensors");
   mo->add_flag("--copy", mo_copy, "with --model: copy the checkpoint's files instead of symlinking them");
 
+  auto* tq = app.add_subcommand("vllm-turboquant", "vllm serve flags (--kv-cache-dtype turboquant_*, "
+                                                   "--kv-cache-dtype-skip-layers) from a vllm-turboquant allocation");
+  std::string tq_alloc, tq_out, tq_model;
+  bool tq_copy = false;
+  kvq::cli::add_alloc(*tq, tq_alloc);
+  tq->add_option("--out", tq_out, "also write DIR/vllm_serve_args.txt and DIR/vllm_turboquant.json (created if "
+                                  "missing; with --model: new or empty)");
+  tq->add_option("--model", tq_model, "HF checkpoint directory the allocation was made for: write --out as a model "
+                                      "directory (its files linked) with the two files beside them");
+  tq->add_flag("--copy", tq_copy, "with --model: copy the checkpoint's files instead of symlinking them");
+
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-export", [&] {
     std::vector<std::string> written;
+    std::string tq_line;  // vllm-turboquant: the serve arguments, printed once the files are in place
     kvq::OutputBatch outputs;  // the directory's files together, or none (and no new directory)
     if (vllm->parsed()) {
       vo.strategy = strategy == "attn_head" ? kvq::exporter::ScaleStrategy::kAttnHead : kvq::exporter::ScaleStrategy::kTensor;
@@ -70,6 +87,10 @@ int main(int argc, char** argv) {
         throw kvq::Error("", "--copy", "needs --model (it copies the checkpoint's files)");
       else
         written = kvq::exporter::export_vllm(calib, vllm_out, vo);
+    } else if (tq->parsed()) {
+      if (!tq_model.empty() && tq_out.empty()) throw kvq::Error("", "--out", "needed with --model (the directory to write)");
+      if (tq_copy && tq_model.empty()) throw kvq::Error("", "--copy", "needs --model (it copies the checkpoint's files)");
+      written = kvq::exporter::export_vllm_turboquant(tq_alloc, tq_out, tq_model, tq_copy, &tq_line);
     } else {
       if (!mo_model.empty())
         written = kvq::exporter::export_modelopt_model(mo_model, alloc, mo_out, mo_copy);
@@ -79,6 +100,10 @@ int main(int argc, char** argv) {
         written = kvq::exporter::export_modelopt(alloc, mo_out);
     }
     outputs.commit();
+    if (!tq_line.empty()) {
+      std::printf("%s\n", tq_line.c_str());
+      std::fflush(stdout);
+    }
     for (const auto& f : written)
       if (!common.quiet) std::fprintf(stderr, "kvq-export: wrote %s\n", f.c_str());
     return 0;

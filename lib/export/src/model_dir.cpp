@@ -234,7 +234,10 @@ std::vector<std::string> write_model_dir(const HfModelDir& m, const std::string&
   check_model_out_dir(out);
   std::error_code ec;
   // Names kvq writes: the model must not have them already (other than the two it rewrites).
-  std::set<std::string> written = {kIndexName, kScalesName};
+  // No scales (kvq-export vllm-turboquant): the checkpoint's own index and shards stay as they are.
+  const bool scales = !o.scales.empty();
+  std::set<std::string> written;
+  if (scales) written = {kIndexName, kScalesName};
   if (!o.config.is_null()) written.insert("config.json");
   for (const auto& e : o.extra) written.insert(e.first);
   for (const std::string& name : written) {
@@ -287,8 +290,10 @@ std::vector<std::string> write_model_dir(const HfModelDir& m, const std::string&
     held.stop_if_asked(tmp);
   };
   if (!o.config.is_null()) add("config.json", o.config.dump(2) + "\n");
-  add(kIndexName, index);
-  add(kScalesName, st);
+  if (scales) {
+    add(kIndexName, index);
+    add(kScalesName, st);
+  }
   for (const auto& [name, bytes] : o.extra) add(name, bytes);
 
   // An empty `out` is replaced by the rename; a missing one is created by it.

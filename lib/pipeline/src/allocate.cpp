@@ -210,24 +210,32 @@ AllocFile run_allocate(const AllocateOptions& o) {
                   "exact applies to TQ groups (--method / --v-method uniform or block-gtq); this allocation has none");
   }
   const bool layer_precision = o.method == Method::kLayerPrecision;
-  if (layer_precision != (o.v_method == Method::kLayerPrecision))
-    throw Error("", layer_precision ? "--v-method" : "--method",
-                "layer-precision chooses one format per layer for K and V together: give it as both --method and "
-                "--v-method");
-  if (layer_precision && o.joint_kv) throw Error("", "--joint-kv", "not with layer-precision (it is joint already)");
-  if (layer_precision && o.v_bpd > 0 && o.v_bpd != o.bpd)
-    throw Error("", "--v-bpd", "layer-precision has one budget over K and V (--bpd)");
+  const bool vllm_tq = o.method == Method::kVllmTurboQuant;
+  const bool joint_method = layer_precision || vllm_tq;  // one choice per layer for K and V together
+  const bool v_joint = o.v_method == Method::kLayerPrecision || o.v_method == Method::kVllmTurboQuant;
+  if ((joint_method || v_joint) && o.v_method != o.method) {
+    const char* name = joint_method ? to_string(o.method) : to_string(o.v_method);
+    throw Error("", joint_method ? "--v-method" : "--method",
+                std::string(name) + " chooses K and V of a layer together: give it as both --method and --v-method");
+  }
+  if (joint_method && o.joint_kv) throw Error("", "--joint-kv", std::string("not with ") + to_string(o.method) + " (it is joint already)");
+  if (joint_method && o.v_bpd > 0 && o.v_bpd != o.bpd)
+    throw Error("", "--v-bpd", std::string(to_string(o.method)) + " has one budget over K and V (--bpd)");
   if (layer_precision) layer_formats_from_flag("--formats", o.formats);  // before reading the file
-  if (layer_precision && o.objective != "attention" && o.objective != "mse")
+  if (vllm_tq) vllm_presets_from_flag("--presets", o.vllm_presets);
+  if (joint_method && o.objective != "attention" && o.objective != "mse")
     throw Error("", "--objective", "unknown value '" + o.objective + "' (attention or mse)");
-  if (!layer_precision && o.bpd > o.b_max) throw Error("", "--bpd", std::to_string(o.bpd) + " is above b_max " + std::to_string(o.b_max));
+  if (!vllm_tq && o.max_error >= 0) throw Error("", "--max-error", "only with --method vllm-turboquant");
+  if (vllm_tq && !(o.max_error < 0 || std::isfinite(o.max_error)))
+    throw Error("", "--max-error", "must be finite and >= 0, got " + std::to_string(o.max_error));
+  if (!joint_method && o.bpd > o.b_max) throw Error("", "--bpd", std::to_string(o.bpd) + " is above b_max " + std::to_string(o.b_max));
   if (o.joint_kv && o.method != Method::kCobraMse && o.method != Method::kCobraDp)
     throw Error("", "--joint-kv", "needs --method cobra-mse or cobra-dp (the exact solver splits the budget)");
   double v_bpd = o.v_bpd > 0 ? o.v_bpd : (o.v_method == Method::kUniform ? std::ceil(o.bpd) : o.bpd);
-  if (!layer_precision && v_bpd > o.b_max) throw Error("", "--v-bpd", std::to_string(v_bpd) + " is above b_max " + std::to_string(o.b_max));
+  if (!joint_method && v_bpd > o.b_max) throw Error("", "--v-bpd", std::to_string(v_bpd) + " is above b_max " + std::to_string(o.b_max));
 
   const bool needs_samples = o.method == Method::kCobraMeasured || o.v_method == Method::kCobraMeasured ||
-                             layer_precision || o.norm_correction == NormCorrectionMode::kAuto ||
+                             joint_method || o.norm_correction == NormCorrectionMode::kAuto ||
                              o.group_norms == AllocateOptions::GroupNorms::kCompact;
   CalibFile c = read_calib(o.calib, needs_samples);
   if (!c.complete())
@@ -278,6 +286,11 @@ AllocFile run_allocate(const AllocateOptions& o) {
     a.params["formats"] = o.formats;
     a.params["objective"] = o.objective;
   }
+  if (vllm_tq) {
+    a.params["presets"] = o.vllm_presets;
+    a.params["objective"] = o.objective;
+    if (o.max_error >= 0) a.params["max_error"] = o.max_error;
+  }
   if (o.codebook == TqCodebook::kSphere) a.params["codebook"] = "exact";  // absent = gaussian (bytes unchanged)
   const bool compact = o.group_norms == AllocateOptions::GroupNorms::kCompact;
   if (compact) {  // absent = fp16 (bytes unchanged)
@@ -301,10 +314,11 @@ AllocFile run_allocate(const AllocateOptions& o) {
       a.k_distortion_before.assign(before.begin(), mid);
       a.v_distortion_before.assign(mid, before.end());
     }
-  } else if (layer_precision) {
-    auto alloc = allocate_layer_precision(c, o);
+  } else if (joint_method) {
+    auto alloc = layer_precision ? allocate_layer_precision(c, o) : allocate_vllm_turboquant(c, o);
     a.heads = alloc.heads;
     a.summary = {{"joint", summary_json(alloc.summary)}};
+    if (vllm_tq) a.k_bpd_nominal = a.v_bpd_nominal = alloc.summary.nominal_bpd;
   } else {
     auto k = allocate_side(c, Side::kK, o.method, o.bpd, o);
     auto v = allocate_side(c, Side::kV, o.v_method, v_bpd, o);

@@ -31,7 +31,8 @@ bool allocates(Method m, Side side) {
     case Method::kBlockGtq:
     case Method::kCobraKl: return side == Side::kK;
     case Method::kKivi: return false;  // a baseline of kvq-verify, not an allocation
-    case Method::kLayerPrecision: return true;  // K and V together (--v-method must match)
+    case Method::kLayerPrecision:  // K and V together (--v-method must match)
+    case Method::kVllmTurboQuant: return true;
   }
   return false;
 }

@@ -36,48 +36,37 @@ void softmax_rows(Mat& S) {
 
 }  // namespace
 
-LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std::vector<MinifloatFormat>& formats,
-                                                  double margin, bool attention, int measure_tokens,
-                                                  const std::string& calib_path) {
+LayerPrecisionCosts measure_head_costs(const CalibFile& c, int n_k, int n_v, const HeadVariant& variant, bool attention,
+                                       int measure_tokens) {
   const auto sh = c.shape();
   const int d = sh.head_dim, dv = sh.v_dim(), L = sh.n_layers, H = sh.n_kv_heads, NQ = c.prov.n_heads;
   const int G = NQ / H;
-  const size_t F = formats.size();
   const int64_t n = std::min<int64_t>(c.reservoir.size(), measure_tokens);
-  KVQ_ASSERT(n >= 1 && G >= 1);
+  KVQ_ASSERT(n >= 1 && G >= 1 && n_k >= 1 && n_v >= 1);
   const int64_t nq = std::min<int64_t>(n, kNormCorrectionQueries);
   const codec::RopeSpec rope = calib_rope(c.prov);
   const double scale = c.prov.attn_scale();  // the recorded softmax scale (MLA's), else 1/sqrt(d)
   LayerPrecisionCosts out;
-  out.k.assign(size_t(L * H) * F, 0.0);
-  out.v.assign(size_t(L * H) * F, 0.0);
+  out.k.assign(size_t(L * H) * size_t(n_k), 0.0);
+  out.v.assign(size_t(L * H) * size_t(n_v), 0.0);
   for (int l = 0; l < L; ++l)
     for (int h = 0; h < H; ++h) {
       const size_t head = size_t(l * H + h);
       std::vector<float> x[2] = {reservoir_rows(c, l, h, Side::kK, true, n), reservoir_rows(c, l, h, Side::kV, false, n)};
-      std::vector<float> coded[2][8];
+      std::vector<std::vector<float>> coded[2] = {std::vector<std::vector<float>>(size_t(n_k)),
+                                                  std::vector<std::vector<float>>(size_t(n_v))};
       for (int s = 0; s < 2; ++s) {
         const Side side = s == 0 ? Side::kK : Side::kV;
-        const auto& amax = side == Side::kK ? c.moments.k_amax : c.moments.v_amax;
-        for (size_t f = 0; f < F; ++f) {
-          KVQ_ASSERT(f < 8);
-          HeadDecision dec;
-          dec.layer = l;
-          dec.kv_head = h;
-          dec.side = side;
-          dec.kind = CodingKind::kMinifloat;
-          dec.post_rope = side == Side::kK;
-          dec.minifloat = formats[f];
-          dec.scale = alloc::minifloat_scale(dec.minifloat, amax[head], margin,
-                                             calib_path + ": " + (side == Side::kK ? h5path::kStatsAmaxK : h5path::kStatsAmaxV) +
-                                                 "[" + std::to_string(l) + "][" + std::to_string(h) + "]");
-          auto& y = coded[s][f];
+        const int F = s == 0 ? n_k : n_v;
+        for (int f = 0; f < F; ++f) {
+          const HeadDecision dec = variant(l, h, side, f);
+          auto& y = coded[s][size_t(f)];
           y.resize(x[s].size());
           codec::HeadCodec(dec, side == Side::kK ? d : dv).round_trip(x[s].data(), int(n), y.data());
           if (!attention) {
             double se = 0;
             for (size_t i = 0; i < y.size(); ++i) se += double(x[s][i] - y[i]) * double(x[s][i] - y[i]);
-            (s == 0 ? out.k : out.v)[head * F + f] = se / double(n);
+            (s == 0 ? out.k : out.v)[head * size_t(F) + size_t(f)] = se / double(n);
           }
         }
       }
@@ -100,13 +89,38 @@ LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std:
       // relative error to speak of, and then the absolute one is used.
       const double o_energy = O.squaredNorm() / double(Q.rows());
       const double v_norm = o_energy > 0 ? o_energy : 1.0;
-      for (size_t f = 0; f < F; ++f) {
-        const Mat Sh = Q * to_mat(coded[0][f], n, d).transpose() * scale;
-        out.k[head * F + f] = (Sh - S).squaredNorm() / (double(Q.rows()) * double(n));
-        out.v[head * F + f] = (P * (to_mat(coded[1][f], n, dv) - V)).squaredNorm() / double(Q.rows()) / v_norm;
+      for (int f = 0; f < n_k; ++f) {
+        const Mat Sh = Q * to_mat(coded[0][size_t(f)], n, d).transpose() * scale;
+        out.k[head * size_t(n_k) + size_t(f)] = (Sh - S).squaredNorm() / (double(Q.rows()) * double(n));
       }
+      for (int f = 0; f < n_v; ++f)
+        out.v[head * size_t(n_v) + size_t(f)] =
+            (P * (to_mat(coded[1][size_t(f)], n, dv) - V)).squaredNorm() / double(Q.rows()) / v_norm;
     }
   return out;
+}
+
+LayerPrecisionCosts measure_layer_precision_costs(const CalibFile& c, const std::vector<MinifloatFormat>& formats,
+                                                  double margin, bool attention, int measure_tokens,
+                                                  const std::string& calib_path) {
+  const int H = c.shape().n_kv_heads;
+  const int F = static_cast<int>(formats.size());
+  auto variant = [&](int l, int h, Side side, int f) {
+    const size_t head = size_t(l * H + h);
+    const auto& amax = side == Side::kK ? c.moments.k_amax : c.moments.v_amax;
+    HeadDecision dec;
+    dec.layer = l;
+    dec.kv_head = h;
+    dec.side = side;
+    dec.kind = CodingKind::kMinifloat;
+    dec.post_rope = side == Side::kK;
+    dec.minifloat = formats[size_t(f)];
+    dec.scale = alloc::minifloat_scale(dec.minifloat, amax[head], margin,
+                                       calib_path + ": " + (side == Side::kK ? h5path::kStatsAmaxK : h5path::kStatsAmaxV) +
+                                           "[" + std::to_string(l) + "][" + std::to_string(h) + "]");
+    return dec;
+  };
+  return measure_head_costs(c, F, F, variant, attention, measure_tokens);
 }
 
 alloc::Allocation allocate_layer_precision(const CalibFile& c, const AllocateOptions& o) {

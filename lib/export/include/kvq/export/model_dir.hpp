@@ -45,7 +45,8 @@ HfModelDir read_hf_model_dir(const std::string& dir);
 // What kvq adds to the directory.
 struct ModelDirOutput {
   nlohmann::ordered_json config;  // written as config.json; null: the original is linked
-  std::vector<StTensor> scales;   // written to kv_scales.safetensors and listed in the index
+  std::vector<StTensor> scales;   // written to kv_scales.safetensors and listed in the index (none:
+                                  // neither is written, the checkpoint's own index is linked)
   std::map<std::string, std::string> scales_metadata;
   std::vector<std::pair<std::string, std::string>> extra;  // more files: name, bytes
 };

@@ -69,6 +69,10 @@ struct AllocateOptions {
   // reservoir: K's logit error through the softmax, V's attention-output error) or "mse" (reservoir MSE)
   std::string formats = "fp8,nvfp4";
   std::string objective = "attention";
+  // vllm-turboquant: the presets to choose from ("all" or a list) and, when >= 0, the largest
+  // total measured error (the fewest bytes that meet it) instead of the --bpd budget.
+  std::string vllm_presets = "all";
+  double max_error = -1.0;
 };
 
 // Reads the calibration file, allocates, writes opts.out atomically; returns what was written.

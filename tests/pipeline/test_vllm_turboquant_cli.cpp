@@ -1,0 +1,179 @@
+// kvq-allocate --method vllm-turboquant and kvq-export vllm-turboquant end to end on tiny models
+// written by kvq-make-tiny-hf (8 layers, so vLLM's boundary rule keeps 0, 1, 6, 7 and leaves four
+// layers to choose): the allocation holds coding kind vllm-turboquant decisions that spell one
+// preset and a kept set containing the engine's forced layers; the exported serve flags are the
+// ones those decisions spell (read back from the file here, not from the tool's summary); kvq-verify
+// codes the allocation (every layer kept in BF16 is far closer to the model than the 3-bit preset);
+// what the engine refuses (a head dim that is not a power of two, MLA, a budget below the forced
+// layers, an error bound nothing meets) is one line each.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <nlohmann/json.hpp>
+
+#include "kvq/io/alloc_file.hpp"
+#include "pipeline_fixture.hpp"
+#include "run_cmd.hpp"
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+using kvq::test::bin;
+using kvq::test::run_cmd;
+using kvq::test::temp_path;
+
+namespace {
+
+// A tiny model of `family` and its calibration (cached per name).
+std::string capture(const std::string& name, const std::string& family, const std::string& shape) {
+  const std::string dir = temp_path("vllm_tq_" + name);
+  const std::string cal = dir + "/c.kvqcal.h5";
+  if (fs::exists(cal)) return cal;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto r = run_cmd(std::string(KVQ_MAKE_TINY_HF) + " --family " + family + " --seed 3 " + shape + " --out " + dir + "/m");
+  EXPECT_EQ(r.status, 0) << r.err;
+  {
+    std::mt19937 rng(2);
+    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "from"};
+    std::ofstream c(dir + "/c.txt");
+    for (int i = 0; i < 4000; ++i) c << words[rng() % 12] << (i % 17 == 16 ? ".\n" : " ");
+  }
+  r = run_cmd(bin("calib-capture") + " -q --threads 1 --model " + dir + "/m --corpus " + dir + "/c.txt" +
+              " --samples 4 --seq-len 64 --holdout 2 --reservoir-tokens 128 --out " + cal);
+  EXPECT_EQ(r.status, 0) << r.err;
+  return cal;
+}
+
+std::string qwen3_cal() { return capture("qwen3", "qwen3", "--layers 8 --head-dim 32 --kv-heads 2"); }
+
+struct Spelled {
+  std::string preset;
+  std::vector<int> kept;
+};
+
+// The preset and kept layers the file's decisions spell, read here from the heads.
+Spelled spelled(const kvq::AllocFile& a) {
+  const int L = a.calib.n_layers;
+  std::vector<int> kb(size_t(L), -1), vb(size_t(L), -1);
+  for (const auto& h : a.heads) {
+    EXPECT_EQ(h.kind, kvq::CodingKind::kVllmTurboQuant);
+    auto& b = (h.side == kvq::Side::kK ? kb : vb)[size_t(h.layer)];
+    if (b >= 0) {
+      EXPECT_EQ(b, h.bits) << "layer " << h.layer;
+    }
+    b = h.bits;
+  }
+  Spelled s;
+  std::set<std::pair<int, int>> coded;
+  for (int l = 0; l < L; ++l) {
+    if (kb[size_t(l)] == 16) {
+      EXPECT_EQ(vb[size_t(l)], 16);
+      s.kept.push_back(l);
+    } else {
+      coded.insert({kb[size_t(l)], vb[size_t(l)]});
+    }
+  }
+  EXPECT_LE(coded.size(), 1u);
+  if (!coded.empty()) {
+    const auto [k, v] = *coded.begin();
+    s.preset = k == 8 ? "turboquant_k8v4" : k == 4 ? "turboquant_4bit_nc" : v == 4 ? "turboquant_k3v4_nc" : "turboquant_3bit_nc";
+    EXPECT_TRUE((k == 8 && v == 4) || (k == 4 && v == 4) || (k == 3 && (v == 3 || v == 4))) << k << "/" << v;
+  }
+  return s;
+}
+
+
+}  // namespace
+
+TEST(VllmTurboQuantCli, AllocatesExportsAndVerifies) {
+  const std::string cal = qwen3_cal();
+  const std::string a12 = temp_path("vllm_tq_a12.kvqalloc.h5");
+  auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method vllm-turboquant --bpd 12 --out " + a12);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const kvq::AllocFile a = kvq::read_alloc(a12);
+  EXPECT_EQ(a.method, "vllm-turboquant");
+  EXPECT_EQ(a.heads.size(), size_t(8 * 2 * 2));
+  const Spelled s = spelled(a);
+  for (int l : {0, 1, 6, 7}) EXPECT_TRUE(std::count(s.kept.begin(), s.kept.end(), l)) << "forced layer " << l;
+  EXPECT_LT(s.kept.size(), 8u);  // 12 bits per dim leaves layers coded
+  EXPECT_LE(a.k_bpd_effective, 12.0 + 1e-9);
+  const json p = a.summary["joint"]["params"];
+  EXPECT_EQ(p["preset"].get<std::string>(), s.preset);
+  EXPECT_LE(std::stod(p["error"].get<std::string>()), std::stod(p["default_error"].get<std::string>()));
+
+  // The serve flags: the decisions' preset and every kept layer, in the engine's syntax.
+  std::string want = "--kv-cache-dtype " + s.preset + " --kv-cache-dtype-skip-layers";
+  for (int l : s.kept) want += " " + std::to_string(l);
+  const std::string out = temp_path("vllm_tq_export");
+  fs::remove_all(out);
+  const std::string printed = temp_path("vllm_tq_export.stdout");
+  r = run_cmd(bin("kvq-export") + " -q vllm-turboquant --alloc " + a12 + " --out " + out + " > " + printed);
+  ASSERT_EQ(r.status, 0) << r.err;
+  {
+    std::ifstream po(printed);
+    std::string first;
+    std::getline(po, first);
+    EXPECT_EQ(first, want);
+  }
+  std::ifstream args(out + "/vllm_serve_args.txt");
+  std::string line;
+  std::getline(args, line);
+  EXPECT_EQ(line, want);
+  const json j = json::parse(std::ifstream(out + "/vllm_turboquant.json"));
+  EXPECT_EQ(j["kv_cache_dtype"], s.preset);
+  ASSERT_EQ(j["kv_cache_dtype_skip_layers"].size(), s.kept.size());
+  for (size_t i = 0; i < s.kept.size(); ++i) EXPECT_EQ(j["kv_cache_dtype_skip_layers"][i], std::to_string(s.kept[i]));
+
+  // kvq-verify codes it: the 3-bit preset with only the forced layers kept against every layer kept.
+  auto verify_mae = [&](const std::string& alloc) {
+    const std::string js = alloc + ".verify.json";
+    auto v = run_cmd(bin("kvq-verify") + " -q --calib " + cal + " --alloc " + alloc +
+                     " --baseline-k-bpd 4 --baseline-v-bpd 4 --json " + js);
+    EXPECT_EQ(v.status, 0) << v.err;
+    return json::parse(std::ifstream(js))["allocation"]["overall"]["logit_mae"].get<double>();
+  };
+  const std::string a3 = temp_path("vllm_tq_3bit.kvqalloc.h5"), a16 = temp_path("vllm_tq_16.kvqalloc.h5");
+  r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal +
+              " --method vllm-turboquant --presets turboquant_3bit_nc --max-error 1e30 --out " + a3);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(spelled(kvq::read_alloc(a3)).kept, (std::vector<int>{0, 1, 6, 7}));  // the fewest bytes: vLLM's default
+  r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method vllm-turboquant --bpd 16 --out " + a16);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const double m3 = verify_mae(a3), m16 = verify_mae(a16), m12 = verify_mae(a12);
+  std::printf("logit MAE: 3bit_nc + forced %.6f, choice @12 bpd (%s, kept %zu) %.6f, all kept (BF16) %.6f\n", m3,
+              s.preset.c_str(), s.kept.size(), m12, m16);
+  EXPECT_GT(m3, 0.0);
+  EXPECT_LT(m16, m3 / 10);
+  EXPECT_LT(m12, m3);
+}
+
+TEST(VllmTurboQuantCli, RefusesWhatTheEngineRefuses) {
+  const std::string cal = qwen3_cal();
+  const std::string a = temp_path("vllm_tq_refused.kvqalloc.h5");
+  auto refused = [&](const std::string& cmd, const std::string& want) {
+    fs::remove(a);
+    auto r = run_cmd(cmd + " --out " + a);
+    EXPECT_NE(r.status, 0) << cmd;
+    EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(a));
+  };
+  const std::string alloc = bin("kvq-allocate") + " -q --method vllm-turboquant --calib ";
+  refused(alloc + cal + " --bpd 8", "below the cheapest vllm-turboquant choice");  // 4 forced of 8 layers: >= 9.1
+  refused(alloc + cal + " --max-error 0", "the smallest reachable is");
+  refused(alloc + cal + " --presets turboquant_2bit --bpd 12", "unknown preset 'turboquant_2bit'");
+  refused(alloc + cal + " --v-method uniform --bpd 12", "give it as both --method and --v-method");
+  refused(alloc + capture("qwen3_d24", "qwen3", "--layers 8 --head-dim 24 --kv-heads 2") + " --bpd 12",
+          "not a power of two");
+  refused(alloc + capture("mla", "deepseek_v2", "") + " --bpd 12", "MLA");
+  // kvq-export refuses an allocation of another method.
+  const std::string u = temp_path("vllm_tq_uniform.kvqalloc.h5");
+  auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method uniform --bpd 3 --out " + u);
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = run_cmd(bin("kvq-export") + " -q vllm-turboquant --alloc " + u);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("needs a vllm-turboquant allocation"), std::string::npos) << r.err;
+}
