@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
                  "calibration file (.kvqcal.h5) for an allocation's energy/eigen figures and before-C2 distortions "
                  "(default: the path the allocation records, if it exists)");
   app.add_option("--json", o.json_out,
-                 "write JSON: an allocation's manifest (schemas/allocation-manifest.schema.json), else the summary "
+                 "write JSON: an allocation's manifest (schemas/allocation-manifest.schema.json; a vllm-turboquant one with "
+                 "summary.vllm_turboquant: preset, kept layers, the key codebook's centroids), else the summary "
                  "(schemas/inspect-summary.schema.json)");
   app.add_option("--csv", o.csv_out, "write the main table as CSV; further tables beside it as <stem>.<table>.csv");
   app.add_option("--plots", o.plots_dir, "write figures (PNG + SVG) into this directory");

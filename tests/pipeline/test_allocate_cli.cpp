@@ -252,12 +252,12 @@ TEST(AllocateCli, BadInputs) {
       {"--calib " + cal + " --method block-gtq --bpd 9", "above b_max 8"},
       {"--calib " + cal + " --method magic --bpd 2",
        "--method: unknown method 'magic' (uniform, block-gtq, cobra-mse, cobra-kl, cobra-dp, cobra-measured, "
-       "layer-precision)"},
+       "layer-precision, vllm-turboquant)"},
       {"--calib " + cal + " --method kivi --bpd 2", "unknown method 'kivi'"},  // a kvq-verify baseline only
       {"--calib " + cal + " --v-method magic --bpd 2", "--v-method: unknown method 'magic'"},
       {"--calib " + cal + " --v-method cobra-kl --bpd 2",
        "--v-method: 'cobra-kl' allocates keys only (it needs RoPE blocks / queries); use uniform, cobra-mse, "
-       "cobra-dp, cobra-measured or layer-precision for V"},
+       "cobra-dp, cobra-measured, layer-precision or vllm-turboquant for V"},
       {"--calib " + cal + " --method cobra-kl --joint-kv --bpd 2", "--joint-kv"},
       {"--calib " + cal + " --method uniform --bpd 2.5", "bits_per_dim"},
       {"--calib " + future + " --method block-gtq --bpd 2", "found 99 (written by a newer kvq)"},

@@ -122,7 +122,7 @@ TEST(LayerPrecisionCli, BadBudgetsAndFlags) {
   expect_allocate_error(cal, lp + "--bpd 6 --formats nvfp4,nvfp4", "given twice");
   // --v-method follows --method layer-precision unless given; given as something else it is refused.
   expect_allocate_error(cal, "--method layer-precision --v-method uniform --bpd 6",
-                        "--v-method: layer-precision chooses one format per layer");
+                        "--v-method: layer-precision chooses K and V of a layer together");
   {
     auto out = temp_path("lp_default_v.kvqalloc.h5");
     auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method layer-precision --bpd 6 --out " + out);

@@ -7,6 +7,8 @@
 #include <map>
 #include <optional>
 
+#include "kvq/alloc/vllm_turboquant.hpp"
+#include "kvq/codec/vllm_turboquant.hpp"
 #include "kvq/format/decision_layout.hpp"
 #include "kvq/report/plots.hpp"
 #include "kvq/report/summary.hpp"
@@ -294,6 +296,84 @@ std::vector<Table> alloc_tables(const AllocFile& a, const CalibFile* c) {
   return {heads, fp};
 }
 
+// vllm-turboquant allocations: the preset the decisions spell, the layers kept in BF16 and the key
+// codebook the preset's Lloyd-Max keys decode with (vLLM's solve_lloyd_max at the head dim).
+struct VllmTqView {
+  bool any = false;
+  int key_bits = 0, value_bits = 0;  // of the coded layers (0: every layer kept)
+  std::vector<int> kept;
+  std::string preset;  // "" when the coded widths spell none
+};
+
+VllmTqView vllm_tq_view(const AllocFile& a) {
+  VllmTqView v;
+  const int L = a.calib.n_layers;
+  std::vector<int> kb(size_t(std::max(L, 0)), 0);
+  for (const auto& h : a.heads) {
+    if (h.kind != CodingKind::kVllmTurboQuant || h.layer < 0 || h.layer >= L) continue;
+    v.any = true;
+    if (h.bits == 16) {
+      if (h.side == Side::kK) kb[size_t(h.layer)] = 16;
+    } else if (h.side == Side::kK) {
+      kb[size_t(h.layer)] = h.bits;
+      v.key_bits = h.bits;
+    } else {
+      v.value_bits = h.bits;
+    }
+  }
+  for (int l = 0; l < L; ++l)
+    if (kb[size_t(l)] == 16) v.kept.push_back(l);
+  for (int p = 0; p < vllm_tq::kNumPresets; ++p) {
+    const auto& in = vllm_tq::info(vllm_tq::Preset(p));
+    if (in.key_bits == v.key_bits && in.value_bits == v.value_bits) v.preset = in.name;
+  }
+  return v;
+}
+
+json vllm_tq_json(const AllocFile& a) {
+  const VllmTqView v = vllm_tq_view(a);
+  json j;
+  j["preset"] = v.preset.empty() ? json(nullptr) : json(v.preset);
+  j["key_bits"] = v.key_bits;
+  j["value_bits"] = v.value_bits;
+  j["kept_layers"] = v.kept;
+  j["forced_layers"] = alloc::vllm_tq_forced_layers(a.calib.n_layers);
+  if (v.key_bits == 3 || v.key_bits == 4) {
+    const vllm_tq::Codebook cb = vllm_tq::lloyd_max(a.calib.head_dim, v.key_bits);
+    j["key_codebook"] = {{"head_dim", a.calib.head_dim},
+                         {"bits", v.key_bits},
+                         {"centroids", cb.centroids},
+                         {"midpoints", cb.midpoints},
+                         {"iterations", cb.iterations}};
+  }
+  return j;
+}
+
+std::string vllm_tq_text(const AllocFile& a) {
+  const VllmTqView v = vllm_tq_view(a);
+  if (!v.any) return "";
+  std::string s = "  vLLM TurboQuant ";
+  s += v.preset.empty() ? (v.key_bits ? "widths K " + std::to_string(v.key_bits) + " / V " + std::to_string(v.value_bits) +
+                                            " (no vLLM preset)"
+                                      : std::string("every layer kept"))
+                        : "--kv-cache-dtype " + v.preset;
+  s += "; kept in BF16: " + (v.kept.empty() ? std::string("none") : join_ints(v.kept)) + " (vLLM always keeps " +
+       join_ints(alloc::vllm_tq_forced_layers(a.calib.n_layers)) + ")\n";
+  const json p = a.summary.is_object() && a.summary.contains("joint") ? a.summary["joint"].value("params", json()) : json();
+  if (p.is_object() && p.contains("error") && p.contains("default_error"))
+    s += "                   measured error " + p["error"].get<std::string>() + " (" +
+         a.params.value("objective", std::string("attention")) + "); vLLM's default with this preset " +
+         p["default_error"].get<std::string>() + " at " + p.value("default_bpd", std::string("?")) + " bits per dim\n";
+  if (v.key_bits == 3 || v.key_bits == 4) {
+    const vllm_tq::Codebook cb = vllm_tq::lloyd_max(a.calib.head_dim, v.key_bits);
+    s += "                   key codebook (Lloyd-Max for N(0, 1/" + std::to_string(a.calib.head_dim) + "), " +
+         std::to_string(v.key_bits) + " bits):";
+    for (float c : cb.centroids) s += " " + fmt(c, 6);
+    s += "\n";
+  }
+  return s;
+}
+
 std::string alloc_summary_text(const AllocFile& a, const std::string& path, const CalibFile* c) {
   std::string s = std::string(kAllocFormat) + " v" + std::to_string(alloc_version_for(a)) + "  " + path + "\n";
   s += model_block(a.calib);
@@ -309,6 +389,7 @@ std::string alloc_summary_text(const AllocFile& a, const std::string& path, cons
     for (const auto& [k, v] : a.params.items()) ps += (ps.empty() ? "" : " ") + k + "=" + (v.is_string() ? v.get<std::string>() : v.dump());
     s += "  params       " + ps + "\n";
   }
+  s += vllm_tq_text(a);
   {  // side information of TQ heads with several groups: fp16 per group or the compact record
     int n_multi = 0, n_compact = 0, k = 0;
     for (const auto& h : a.heads) {
@@ -527,7 +608,13 @@ InspectResult run_inspect(const InspectOptions& o, std::FILE* out) {
     if (!extra.empty()) s += "\n" + extra;
   }
   emit(s);
-  if (!o.json_out.empty()) write_json(alloc_manifest(a), o.json_out, &r);
+  if (!o.json_out.empty()) {
+    json j = alloc_manifest(a);
+    // vllm-turboquant: the preset, the kept layers and the key codebook, in the free-form summary
+    // (the manifest stays schema-valid).
+    if (vllm_tq_view(a).any) j["summary"]["vllm_turboquant"] = vllm_tq_json(a);
+    write_json(j, o.json_out, &r);
+  }
   if (!o.csv_out.empty()) write_tables(alloc_tables(a, c), o.csv_out, &r);
   if (!dir.empty()) {
     const std::string stem = dir + file_stem(path);
