@@ -1,7 +1,8 @@
 // kvq-allocate --method vllm-turboquant's choice (lib/alloc/src/vllm_turboquant.cpp) against a brute
 // force over every preset x every kept-layer subset that contains the engine's forced layers, with
-// the memory of each setting counted from the engine's own slot sizes (vllm_tq::slot_layout, not
-// kvq's packed layout) and the errors summed here from the per-head figures:
+// the memory of each setting counted from the engine's own slot sizes (vllm_tq::slot_layout's
+// slot_bytes, not kvq's packed layout, which pads each side: they differ at d = 8) and the errors
+// summed here from the per-head figures:
 //  --bpd B:       the lowest total error whose bits fit floor(B * L * H * 2d), ties to fewer bits;
 //  --max-error X: the fewest bits whose error is <= X, ties to the lower error.
 // Plus vLLM's boundary rule (get_boundary_skip_layers(L, 2): first and last min(2, L // 2) layers).
@@ -64,7 +65,7 @@ Best brute_force(const VllmTqInput& in, const VllmTqTarget& t) {
   for (int l : in.forced) forced_mask |= 1u << l;
   for (const auto& p : in.presets) {
     const auto sl = kvq::vllm_tq::slot_layout(*kvq::vllm_tq::parse_preset(p.name), d);
-    const int64_t coded_bits = int64_t(H) * (sl.key_bytes + sl.value_bytes) * 8;
+    const int64_t coded_bits = int64_t(H) * sl.slot_bytes * 8;  // the engine's slot, padded to even
     const int64_t kept_bits = int64_t(H) * 2 * d * 2 * 8;  // K and V in BF16
     for (unsigned S = 0; S < (1u << L); ++S) {
       if ((S & forced_mask) != forced_mask) continue;
@@ -135,13 +136,15 @@ TEST(VllmTqAlloc, BudgetChoiceEqualsBruteForce) {
   for (uint32_t seed = 1; seed <= 6; ++seed)
     for (const auto& [L, forced] : std::vector<std::pair<int, std::vector<int>>>{
              {4, {}}, {4, {3}}, {8, kvq::alloc::vllm_tq_forced_layers(8)}})
-      for (double bpd = 3.0; bpd <= 16.5; bpd += 0.25) {
-        const VllmTqInput in = random_input(L, 2, 64, seed, forced);
+      for (double bpd = 3.0; bpd <= 16.5; bpd += 0.25)
+        for (int d : {8, 64}) {
+        const VllmTqInput in = random_input(L, 2, d, seed, forced);
         VllmTqTarget t;
         t.bpd = bpd;
-        expect_same(in, t, "seed " + std::to_string(seed) + " L " + std::to_string(L) + " bpd " + std::to_string(bpd));
+        expect_same(in, t, "seed " + std::to_string(seed) + " L " + std::to_string(L) + " d " + std::to_string(d) +
+                               " bpd " + std::to_string(bpd));
         ++cases;
-      }
+        }
   EXPECT_GT(cases, 300);
   EXPECT_GT(g_found, cases / 2);  // 8 layers with 4 forced need >= 9.69 bits per dim
 }
@@ -150,7 +153,8 @@ TEST(VllmTqAlloc, MaxErrorChoiceEqualsBruteForce) {
   for (uint32_t seed = 11; seed <= 16; ++seed)
     for (const auto& [L, forced] : std::vector<std::pair<int, std::vector<int>>>{
              {4, {}}, {4, {0}}, {8, kvq::alloc::vllm_tq_forced_layers(8)}}) {
-      const VllmTqInput in = random_input(L, 2, 64, seed, forced);
+      for (int d : {8, 64}) {
+      const VllmTqInput in = random_input(L, 2, d, seed, forced);
       // Bounds from the largest error (all coded at 3 bits) down past the smallest reachable.
       double top = 0;
       for (double e : in.k_err) top += e;
@@ -158,7 +162,17 @@ TEST(VllmTqAlloc, MaxErrorChoiceEqualsBruteForce) {
       for (double x = top; x > 1e-7; x *= 0.8) {
         VllmTqTarget t;
         t.max_error = x;
-        expect_same(in, t, "seed " + std::to_string(seed) + " L " + std::to_string(L) + " max_error " + std::to_string(x));
+        expect_same(in, t, "seed " + std::to_string(seed) + " L " + std::to_string(L) + " d " + std::to_string(d) +
+                               " max_error " + std::to_string(x));
+      }
+      // The recorded error read back meets its own bound: the same choice, not a dearer one.
+      VllmTqTarget b;
+      b.bpd = 16.0;
+      const auto best = kvq::alloc::allocate_vllm_turboquant(in, b);
+      VllmTqTarget again;
+      again.max_error = std::stod(best.summary.params[3].second);
+      ASSERT_EQ(best.summary.params[3].first, "error");
+      EXPECT_EQ(kvq::alloc::choose_vllm_turboquant(in, again).error, std::stod(best.summary.params[3].second));
       }
     }
 }

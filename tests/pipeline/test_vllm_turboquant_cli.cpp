@@ -12,8 +12,10 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
+#include "kvq/codec/vllm_turboquant.hpp"
 #include "kvq/io/alloc_file.hpp"
 #include "pipeline_fixture.hpp"
 #include "run_cmd.hpp"
@@ -127,6 +129,31 @@ TEST(VllmTurboQuantCli, AllocatesExportsAndVerifies) {
   ASSERT_EQ(j["kv_cache_dtype_skip_layers"].size(), s.kept.size());
   for (size_t i = 0; i < s.kept.size(); ++i) EXPECT_EQ(j["kv_cache_dtype_skip_layers"][i], std::to_string(s.kept[i]));
 
+  // kvq-inspect names the preset and the kept layers; --json carries the key codebook vLLM decodes
+  // with (compared with the codec's own solve, bit for bit).
+  const std::string ij = temp_path("vllm_tq_inspect.json"), it = temp_path("vllm_tq_inspect.txt");
+  r = run_cmd(bin("kvq-inspect") + " " + a12 + " --json " + ij + " > " + it);
+  ASSERT_EQ(r.status, 0) << r.err;
+  {
+    std::stringstream text;
+    text << std::ifstream(it).rdbuf();
+    std::string kept_list;
+    for (int l : s.kept) kept_list += (kept_list.empty() ? "" : " ") + std::to_string(l);
+    EXPECT_NE(text.str().find("--kv-cache-dtype " + s.preset + "; kept in BF16: " + kept_list), std::string::npos)
+        << text.str();
+  }
+  const json ins = json::parse(std::ifstream(ij))["summary"]["vllm_turboquant"];
+  EXPECT_EQ(ins["preset"], s.preset);
+  const int key_bits = s.preset == "turboquant_k8v4" ? 8 : s.preset == "turboquant_4bit_nc" ? 4 : 3;
+  if (key_bits != 8) {
+    const auto cb = kvq::vllm_tq::lloyd_max(32, key_bits);
+    ASSERT_EQ(ins["key_codebook"]["centroids"].size(), cb.centroids.size());
+    for (size_t i = 0; i < cb.centroids.size(); ++i) EXPECT_EQ(ins["key_codebook"]["centroids"][i].get<float>(), cb.centroids[i]);
+  } else {
+    EXPECT_FALSE(ins.contains("key_codebook"));
+  }
+  const std::string a3i = temp_path("vllm_tq_3bit_inspect.json");
+
   // kvq-verify codes it: the 3-bit preset with only the forced layers kept against every layer kept.
   auto verify_mae = [&](const std::string& alloc) {
     const std::string js = alloc + ".verify.json";
@@ -140,6 +167,14 @@ TEST(VllmTurboQuantCli, AllocatesExportsAndVerifies) {
               " --method vllm-turboquant --presets turboquant_3bit_nc --max-error 1e30 --out " + a3);
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(spelled(kvq::read_alloc(a3)).kept, (std::vector<int>{0, 1, 6, 7}));  // the fewest bytes: vLLM's default
+  r = run_cmd(bin("kvq-inspect") + " -q " + a3 + " --json " + a3i + " > /dev/null");
+  ASSERT_EQ(r.status, 0) << r.err;
+  {
+    const json k = json::parse(std::ifstream(a3i))["summary"]["vllm_turboquant"]["key_codebook"];
+    const auto cb = kvq::vllm_tq::lloyd_max(32, 3);
+    ASSERT_EQ(k["centroids"].size(), 8u);
+    for (size_t i = 0; i < 8; ++i) EXPECT_EQ(k["centroids"][i].get<float>(), cb.centroids[i]);
+  }
   r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method vllm-turboquant --bpd 16 --out " + a16);
   ASSERT_EQ(r.status, 0) << r.err;
   const double m3 = verify_mae(a3), m16 = verify_mae(a16), m12 = verify_mae(a12);
@@ -148,6 +183,21 @@ TEST(VllmTurboQuantCli, AllocatesExportsAndVerifies) {
   EXPECT_GT(m3, 0.0);
   EXPECT_LT(m16, m3 / 10);
   EXPECT_LT(m12, m3);
+}
+
+// Sliding-window layers are kept whatever the budget (vLLM serves them only in the model dtype):
+// a model whose every layer has a window has nothing to code.
+TEST(VllmTurboQuantCli, WindowedLayersAreKept) {
+  const std::string cal = capture("swa", "mistral-swa", "--layers 8");
+  const std::string a = temp_path("vllm_tq_swa.kvqalloc.h5");
+  auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method vllm-turboquant --bpd 16 --out " + a);
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(spelled(kvq::read_alloc(a)).kept, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  fs::remove(a);
+  r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method vllm-turboquant --bpd 12 --out " + a);
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("below the cheapest vllm-turboquant choice"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(a));
 }
 
 TEST(VllmTurboQuantCli, RefusesWhatTheEngineRefuses) {

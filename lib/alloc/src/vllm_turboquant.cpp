@@ -1,6 +1,7 @@
 #include "kvq/alloc/vllm_turboquant.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -45,6 +46,24 @@ int64_t head_bits(Side side, int bits, int d) {
   return int64_t(layout::layout_for(probe, d).block_bytes) * 8;
 }
 
+// The engine's memory per (token, KV head): a coded layer's slot, [key | value] rounded up to an
+// even size (TurboQuantConfig.slot_size_aligned), or a kept layer's K and V in the model dtype
+// (2 bytes each). kvq's packed layout pads each side to even instead; the two agree when d >= 16.
+int64_t slot_bits(int key_bits, int value_bits, int d) {
+  if (key_bits == 16) return int64_t(2) * 2 * d * 8;
+  const int64_t key = key_bits == 8 ? d : (int64_t(d) * key_bits + 7) / 8 + 2;
+  const int64_t value = (int64_t(d) * value_bits + 7) / 8 + 4;
+  return (key + value + 1) / 2 * 2 * 8;
+}
+
+// 17 significant digits: the recorded error read back is the same double (--max-error X with the
+// recorded figure meets it).
+std::string exact(double x) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", x);
+  return buf;
+}
+
 std::string layer_list(const std::vector<int>& v) {
   std::string s;
   for (int l : v) s += (s.empty() ? "" : ",") + std::to_string(l);
@@ -76,8 +95,8 @@ static PresetScan scan_preset(const VllmTqInput& in, const VllmTqPreset& p) {
       coded[size_t(l)] += in.k_err[i * kVllmTqKeyVariants + size_t(ki)] + in.v_err[i * kVllmTqValueVariants + size_t(vi)];
       kept[size_t(l)] += in.k_err[i * kVllmTqKeyVariants + size_t(kk)] + in.v_err[i * kVllmTqValueVariants + size_t(vk)];
     }
-  const int64_t coded_bits = (head_bits(Side::kK, p.key_bits, d) + head_bits(Side::kV, p.value_bits, d)) * H;
-  const int64_t kept_bits = (head_bits(Side::kK, 16, d) + head_bits(Side::kV, 16, d)) * H;
+  const int64_t coded_bits = slot_bits(p.key_bits, p.value_bits, d) * H;
+  const int64_t kept_bits = slot_bits(16, 16, d) * H;
   std::vector<char> is_kept(size_t(L), 0);
   for (int l : in.forced) is_kept[size_t(l)] = 1;
   std::vector<int> order;
@@ -209,8 +228,8 @@ Allocation allocate_vllm_turboquant(const VllmTqInput& in, const VllmTqTarget& t
   s.params = {{"preset", p.name},
               {"kept_layers", layer_list(ch.kept)},
               {"forced_layers", layer_list(in.forced)},
-              {"error", num(ch.error)},
-              {"default_error", num(ch.default_error)},
+              {"error", exact(ch.error)},
+              {"default_error", exact(ch.default_error)},
               {"default_bpd", num(double(ch.default_bits) / dims)},
               {"target", target.bpd > 0 ? "bpd " + num(target.bpd) : "max_error " + num(target.max_error)}};
   return out;

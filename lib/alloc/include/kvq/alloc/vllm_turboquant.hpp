@@ -38,7 +38,8 @@ struct VllmTqInput {
 };
 
 // Exactly one of: bpd > 0 (the lowest total error whose cache is at most bpd bits per dimension
-// on average over every K and V dimension, kept layers at 16) or max_error >= 0 (the fewest bytes
+// on average over every K and V dimension, counted as the engine allocates it: a coded layer's
+// slot, key + value rounded up to even bytes; a kept layer 16 bits per dim) or max_error >= 0 (the fewest bytes
 // whose total error is at most max_error; ties: the lower error, then the earlier preset).
 struct VllmTqTarget {
   double bpd = 0.0;
@@ -49,7 +50,7 @@ struct VllmTqChoice {
   size_t preset = 0;            // index into presets
   std::vector<int> kept;        // ascending, includes forced
   double error = 0.0;           // total measured error of the choice
-  int64_t bits = 0;             // cache bits per token (all layers, K and V)
+  int64_t bits = 0;             // the engine's cache bits per token (all layers, K and V)
   double default_error = 0.0;   // the same preset with the forced layers only (vLLM's default)
   int64_t default_bits = 0;
 };
