@@ -31,6 +31,7 @@ measure() {  # alloc -> alloc.verify.json alloc.eval.json alloc.m.json
 field() { python3 -c "import json,sys; m=json.load(open(sys.argv[1])); print(m['summary']['joint']['params'][sys.argv[2]])" "$@"; }
 
 rows=()
+if [ -n "${KVQ_FIGURES_SUMMARY_ONLY:-}" ]; then rows=("$out"/default_*.kvqalloc.h5 "$out"/same_*.kvqalloc.h5); else
 for p in turboquant_k8v4 turboquant_4bit_nc turboquant_k3v4_nc turboquant_3bit_nc; do
   d="$out/default_$p.kvqalloc.h5"
   "$bin/kvq-allocate" -q --calib "$cal" --method vllm-turboquant --presets "$p" --max-error 1e30 --out "$d"
@@ -43,14 +44,17 @@ for p in turboquant_k8v4 turboquant_4bit_nc turboquant_k3v4_nc turboquant_3bit_n
   "$bin/kvq-allocate" -q --calib "$cal" --method vllm-turboquant --max-error "$err" --out "$m"
   for f in "$d" "$c" "$m"; do measure "$f"; rows+=("$f"); done
 done
+fi
 python3 - "${rows[@]}" <<'PY'
 import json, os, sys
-print(f"{'allocation':34s} {'preset':20s} {'kept':10s} {'bpd':>6s} {'att.err':>9s} {'logitMAE':>9s} {'KL':>8s} {'ppl':>8s} {'ppl/fp32':>8s}")
+print(f"{'allocation':34s} {'preset':20s} {'kept':10s} {'bpd':>6s} {'kvq bpd':>7s} {'att.err':>9s} {'logitMAE':>9s} {'KL':>8s} {'ppl':>8s} {'ppl/fp32':>8s}")
 for a in sys.argv[1:]:
     m = json.load(open(a + ".m.json")); v = json.load(open(a + ".verify.json"))["allocation"]["overall"]
     e = json.load(open(a + ".eval.json"))["rows"]; q = [r for r in e if r["coded"]][0]
     t = m["summary"]["vllm_turboquant"]; p = m["summary"]["joint"]["params"]
-    bpd = (m["budget"]["k_bpd_effective"] + m["budget"]["v_bpd_effective"]) / 2
-    print(f"{os.path.basename(a)[:-12]:34s} {t['preset'] or '-':20s} {','.join(map(str, t['kept_layers'])):10s} {bpd:6.2f} "
+    c = m["calibration"]
+    bpd = m["summary"]["joint"]["budget_assigned"] / (c["n_layers"] * c["n_kv_heads"] * 2 * c["head_dim"])  # the engine's
+    kbpd = (m["budget"]["k_bpd_effective"] + m["budget"]["v_bpd_effective"]) / 2  # kvq's packed layout
+    print(f"{os.path.basename(a)[:-12]:34s} {t['preset'] or '-':20s} {','.join(map(str, t['kept_layers'])):10s} {bpd:6.2f} {kbpd:7.2f} "
           f"{float(p['error']):9.3f} {v['logit_mae']:9.4f} {v['kl']:8.4f} {q['ppl']:8.3f} {q['ppl_vs_fp32']:8.4f}")
 PY
