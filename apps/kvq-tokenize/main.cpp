@@ -60,7 +60,8 @@ int main(int argc, char** argv) {
     std::string line;
     for (size_t i = 0; i < ids.size(); ++i) line += (i ? " " : "") + std::to_string(ids[i]);
     std::printf("%s\n", line.c_str());
-    std::fprintf(stderr, "%zu tokens (BOS %s), %d special-token string(s) matched (--special-tokens %s), tokenizer %s\n",
+    if (!common.quiet)
+      std::fprintf(stderr, "%zu tokens (BOS %s), %d special-token string(s) matched (--special-tokens %s), tokenizer %s\n",
                  ids.size(), bos_added ? "added" : "not added", matched, kvq::to_string(mode), tok->path().c_str());
     if (!json_out.empty()) {
       nlohmann::json j = {{"ids", ids},

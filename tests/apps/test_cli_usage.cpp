@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#include <csignal>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "run_cmd.hpp"
 
 namespace fs = std::filesystem;
@@ -104,6 +108,45 @@ TEST(CliUsage, LibraryFaultOnCorruptHdf5IsAnError) {
     EXPECT_EQ(lines(r.err), 1) << r.err;
     EXPECT_NE(r.err.find("calib-attr-message-memcpy.kvqcal.h5"), std::string::npos) << r.err;
     EXPECT_FALSE(fs::exists(out));
+  }
+}
+
+// Output on stdout that cannot be written is a fault of the environment like a full output disk:
+// one line naming stdout, exit 2 -- not a silent exit 0 (a full disk) and not death by SIGPIPE (a
+// reader that went away). The pipe's read end is closed before the tool starts, so every write fails.
+int run_with_closed_pipe(const std::string& cmd, std::string* err_text) {
+  const std::string err_path = kvq::test::temp_path("closed_pipe.err");
+  int fds[2];
+  if (::pipe(fds) != 0) return -1;
+  ::close(fds[0]);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGPIPE, SIG_DFL);  // as a shell would start it
+    ::dup2(fds[1], 1);
+    ::close(fds[1]);
+    ::execl("/bin/sh", "sh", "-c", ("exec timeout -s KILL 120 " + cmd + " 2>" + err_path).c_str(), (char*)nullptr);
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);  // bounded: timeout kills the tool after 120 s
+  std::ifstream in(err_path);
+  err_text->assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+TEST(CliUsage, StdoutThatCannotBeWrittenIsAnErrorNotASignal) {
+  const std::string cal = kGolden + "/calib-v2.kvqcal.h5";
+  for (const std::string& cmd : {bin("kvq-inspect") + " " + cal, bin("kvq-tokenize") + " -q --model " + kDemo + " --string hello"}) {
+    SCOPED_TRACE(cmd);
+    auto r = run_cmd(cmd + " > /dev/full");
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_NE(r.err.find("error: stdout: No space left on device"), std::string::npos) << r.err;
+    std::string err;
+    const int rc = run_with_closed_pipe(cmd, &err);
+    EXPECT_EQ(rc, 2) << err;
+    EXPECT_NE(err.find("error: stdout: Broken pipe"), std::string::npos) << err;
+    EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
   }
 }
 

@@ -1,5 +1,9 @@
 #include "kvq/cli/cli.hpp"
 
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
 #include "kvq/util/atomic_file.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -82,11 +86,24 @@ int leave(int rc) {
   ::_exit(rc);
 }
 
+// What the tool printed on stdout must have reached it: a full disk or a reader that went away
+// (`kvq-inspect A | head -1`) is an error of one line, exit 2, like every other fault of the
+// environment -- never a silent exit 0, never death by SIGPIPE (ignored in run_main).
+int check_stdout(const std::string& tool, int rc) {
+  errno = 0;
+  if (std::fflush(stdout) == 0 && !std::ferror(stdout)) return rc;
+  const int err = errno;
+  std::fprintf(stderr, "%s: error: stdout: %s\n", tool.c_str(), err ? std::strerror(err) : "write error");
+  return 2;
+}
+
 int run_main(const std::string& tool, const std::function<int()>& body, bool exit_on_error) {
   kvq::install_interrupt_handlers();  // Ctrl-C / kill: temporaries removed, one line, exit 130 / 143
+  std::signal(SIGPIPE, SIG_IGN);      // a closed stdout is an error (check_stdout), not a signal
   int rc = 0;
   try {
-    return body();
+    const int ok = check_stdout(tool, body());
+    return exit_on_error && ok == 2 ? leave(ok) : ok;
   } catch (const kvq::Error& e) {
     std::fprintf(stderr, "%s: error: %s\n", tool.c_str(), e.what());
     rc = 2;
