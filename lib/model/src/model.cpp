@@ -158,6 +158,31 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
   return at::mm(ws.h, head.t()).view({B, T, c.vocab_size});
 }
 
+at::Tensor Model::forward_from(int first, const at::Tensor& ids_in, const float* hidden, const ForwardOptions& opts) const {
+  c10::InferenceMode guard;
+  const ModelConfig& c = config_;
+  const at::Tensor ids = checked_ids(ids_in, c, path_);
+  if (first < 0 || first > c.n_layers)
+    throw Error(path_, "first_layer", std::to_string(first) + " is outside 0.." + std::to_string(c.n_layers));
+  if (!hidden) throw Error(path_, "hidden", "the residual stream at the first layer's input is null");
+  if (opts.pos0 < 0) throw Error(path_, "pos0", std::to_string(opts.pos0) + " is negative");
+  if (opts.protected_kv) throw Error(path_, "protected_kv", "not with forward_from");
+  const int64_t B = ids.size(0), T = ids.size(1);
+  WorkspaceLease lease(*w_, c, B, T);
+  Workspace& ws = lease.get();
+  Pass p = make_pass(ids, c, opts.pos0, *w_, nullptr);  // positions, RoPE; its stream is replaced
+  p.x.copy_(at::from_blob(const_cast<float*>(hidden), {B * T, int64_t(c.hidden_size)}, at::kFloat));
+  const LayerFn layer = layer_of(c);
+  for (int l = first; l < c.n_layers; ++l) {
+    const LayerLease L(*w_, l);
+    layer(c, L.get(), l, ws, p, opts);
+  }
+  if (!opts.logits) return at::Tensor();
+  rms_norm(p.x, w_->final_norm, c.rms_norm_eps, ws.h);
+  const at::Tensor head = w_->source ? w_->source->lm_head() : w_->lm_head;
+  return at::mm(ws.h, head.t()).view({B, T, c.vocab_size});
+}
+
 void Model::forward_chunk(const std::vector<ChunkBatch>& batches, const ChunkHooks& hooks) const {
   c10::InferenceMode guard;
   const ModelConfig& c = config_;

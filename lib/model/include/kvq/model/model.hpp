@@ -67,6 +67,13 @@ class Model {
   at::Tensor forward(const at::Tensor& ids, const ForwardOptions& opts) const;
   at::Tensor forward(const at::Tensor& ids) const { return forward(ids, ForwardOptions{}); }
 
+  // The forward from layer `first` on (0 <= first <= n_layers), given the residual stream at its
+  // input: hidden holds B*T*hidden_size floats, what forward_chunk leaves in ChunkBatch::hidden
+  // after layer first - 1 (the embedding for first = 0). Layers before `first` are not run, so a
+  // probe of layer l pays only for layers l.. (kvq/eval/probe.hpp). Given the stream forward(ids)
+  // computes there, it returns exactly forward(ids, opts)'s logits (the same fp32 operations).
+  at::Tensor forward_from(int first, const at::Tensor& ids, const float* hidden, const ForwardOptions& opts) const;
+
   // A layer-major forward of several batches (capture passes: no logits, no K/V hooks). Every
   // batch passes layer l before any enters l + 1, so a streamed model converts each layer once
   // for the whole chunk. Each batch computes exactly what forward(ids, {observer, logits=false})
