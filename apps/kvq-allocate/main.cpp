@@ -17,7 +17,8 @@ int main(int argc, char** argv) {
       "vllm-turboquant (--method; --v-method follows it): the setting of vLLM's TurboQuant cache, measured\n"
       "with the engine's own codec: one preset (--presets) and the layers to keep in BF16 (always the\n"
       "engine's first 2 and last 2), the least attention error within --bpd (kept layers at 16 bits),\n"
-      "or with --max-error X the fewest bytes whose error is <= X. kvq-export vllm-turboquant writes\n"
+      "or with --max-error X the fewest bytes whose error is <= X; with --probe P (kvq-probe) by the\n"
+      "end-to-end KL measured on the model's forward (--max-kl X). kvq-export vllm-turboquant writes\n"
       "the vllm serve flags."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
@@ -104,11 +105,23 @@ int main(int argc, char** argv) {
                  "presets to choose from: all, or a comma-separated list of turboquant_k8v4, turboquant_4bit_nc, "
                  "turboquant_k3v4_nc, turboquant_3bit_nc")
       ->default_val(o.vllm_presets);
-  vt->add_option("--max-error", o.max_error,
+  auto* max_error_opt = vt->add_option("--max-error", o.max_error,
                  "instead of --bpd: the fewest bytes whose total measured error (--objective, summed over layers, "
                  "K and V) is <= this; the allocation records the error of the choice and of vLLM's default")
       ->check(CLI::NonNegativeNumber);
+  vt->add_option("--probe", o.probe,
+                 "kvq-probe's file (.kvqprobe.json): choose by the end-to-end KL measured on the model's forward "
+                 "(each layer coded alone with each preset) instead of the reservoir's attention error");
+  double max_kl = -1.0;
+  auto* max_kl_opt = vt->add_option("--max-kl", max_kl,
+                                    "with --probe, instead of --bpd: the fewest bytes whose summed per-layer KL is <= this")
+                         ->check(CLI::NonNegativeNumber)
+                         ->excludes(max_error_opt);
   KVQ_CLI_PARSE(app, argc, argv);
+  if (max_kl_opt->count() > 0) {
+    o.max_error = max_kl;
+    o.max_is_kl = true;
+  }
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-allocate", [&] {
     o.norm_correction = no_norm_correction        ? kvq::NormCorrectionMode::kOff

@@ -221,3 +221,70 @@ TEST(VllmTqAlloc, AllocationWritesThePresetAndKeptLayers) {
   EXPECT_EQ(bits, ch.bits);
   EXPECT_LE(double(bits), 11.0 * 8 * 2 * 2 * 64);
 }
+
+// The end-to-end probe's per-layer figures (a layer's K and V coded together, one figure per preset
+// and one kept) in place of the per-head sums: the same brute force, errors from the layer table.
+TEST(VllmTqAlloc, PerLayerFiguresChoiceEqualsBruteForce) {
+  for (uint32_t seed = 21; seed <= 26; ++seed) {
+    VllmTqInput in = random_input(8, 2, 64, seed, kvq::alloc::vllm_tq_forced_layers(8));
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    const size_t P = in.presets.size();
+    in.layer_err.assign(8 * (P + 1), 0.0);
+    for (int l = 0; l < 8; ++l) {
+      const double sens = std::exp(2.0 * u(rng));
+      for (size_t p = 0; p < P; ++p) in.layer_err[size_t(l) * (P + 1) + p] = sens * (0.1 + u(rng));
+      in.layer_err[size_t(l) * (P + 1) + P] = 1e-4 * u(rng);
+    }
+    // Brute force over presets x subsets, errors from the table, the engine's slot sizes.
+    auto brute = [&](const VllmTqTarget& t) {
+      Best best;
+      const int64_t budget = static_cast<int64_t>(std::floor(t.bpd * 8.0 * 2 * 2 * 64));
+      for (size_t p = 0; p < P; ++p) {
+        const auto sl = kvq::vllm_tq::slot_layout(*kvq::vllm_tq::parse_preset(in.presets[p].name), 64);
+        for (unsigned S = 0; S < 256u; ++S) {
+          if ((S & 0xC3u) != 0xC3u) continue;  // layers 0, 1, 6, 7 always kept
+          double err = 0;
+          int64_t bits = 0;
+          for (int l = 0; l < 8; ++l) {
+            const bool kept = (S >> l) & 1u;
+            err += in.layer_err[size_t(l) * (P + 1) + (kept ? P : p)];
+            bits += kept ? int64_t(2) * 2 * 2 * 64 * 8 : int64_t(2) * sl.slot_bytes * 8;
+          }
+          const bool ok = t.bpd > 0 ? bits <= budget : err <= t.max_error;
+          if (!ok) continue;
+          const bool better = !best.found || (t.bpd > 0 ? (err < best.error || (err == best.error && bits < best.bits))
+                                                        : (bits < best.bits || (bits == best.bits && err < best.error)));
+          if (better) {
+            best = Best{true, in.presets[p].name, {}, err, bits};
+            for (int l = 0; l < 8; ++l)
+              if ((S >> l) & 1u) best.kept.push_back(l);
+          }
+        }
+      }
+      return best;
+    };
+    for (double bpd = 9.75; bpd <= 16.0; bpd += 0.25) {  // the 4 forced layers alone need 9.69
+      VllmTqTarget t;
+      t.bpd = bpd;
+      const Best bf = brute(t);
+      ASSERT_TRUE(bf.found);
+      const auto ch = kvq::alloc::choose_vllm_turboquant(in, t);
+      EXPECT_EQ(in.presets[ch.preset].name, bf.preset) << bpd;
+      EXPECT_EQ(ch.kept, bf.kept) << bpd;
+      EXPECT_NEAR(ch.error, bf.error, 1e-12 * bf.error) << bpd;
+    }
+    for (double x = 20; x > 1e-3; x *= 0.7) {
+      VllmTqTarget t;
+      t.max_error = x;
+      const Best bf = brute(t);
+      if (!bf.found) {
+        EXPECT_THROW(kvq::alloc::choose_vllm_turboquant(in, t), kvq::Error);
+        continue;
+      }
+      const auto ch = kvq::alloc::choose_vllm_turboquant(in, t);
+      EXPECT_EQ(ch.bits, bf.bits) << x;
+      EXPECT_NEAR(ch.error, bf.error, 1e-12 * bf.error) << x;
+    }
+  }
+}

@@ -24,7 +24,7 @@ namespace {
 const std::string kDemo = std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama";
 const std::string kGolden = std::string(KVQ_SOURCE_DIR) + "/data/golden";
 const std::vector<std::string> kTools = {"calib-capture", "kvq-allocate", "kvq-verify", "kvq-inspect", "kvq-eval",
-                                         "kvq-generate", "kvq-tokenize"};
+                                         "kvq-generate", "kvq-tokenize", "kvq-probe"};
 
 int lines(const std::string& s) { return int(std::count(s.begin(), s.end(), '\n')); }
 

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <random>
 #include <set>
@@ -226,4 +227,81 @@ TEST(VllmTurboQuantCli, RefusesWhatTheEngineRefuses) {
   r = run_cmd(bin("kvq-export") + " -q vllm-turboquant --alloc " + u);
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("needs a vllm-turboquant allocation"), std::string::npos) << r.err;
+}
+
+// The end-to-end probe as users run it: kvq-probe writes a schema-valid file whose kept (BF16)
+// layers cost far less KL than vLLM's 3-bit preset; kvq-allocate --probe chooses by those figures:
+// the error it records is the sum of the file's per-layer KL of what it chose (recomputed here from
+// the JSON), --max-kl with vLLM's default figure gives at most the default's bytes; and the misuses
+// are one line each.
+TEST(VllmTurboQuantCli, ProbeFileDrivesTheChoice) {
+  const std::string cal = qwen3_cal();
+  const std::string dir = fs::path(cal).parent_path().string();
+  const std::string probe = temp_path("vllm_tq.kvqprobe.json");
+  fs::remove(probe);
+  auto r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + cal + " --windows 3 --out " + probe);
+  ASSERT_EQ(r.status, 0) << r.err;
+  if (run_cmd("python3 -c 'import jsonschema'").status == 0) {
+    r = run_cmd("python3 -c 'import json,sys,jsonschema; jsonschema.validate(json.load(open(sys.argv[1])), "
+                "json.load(open(sys.argv[2])))' " + probe + " " + std::string(KVQ_SOURCE_DIR) + "/schemas/probe.schema.json");
+    EXPECT_EQ(r.status, 0) << r.err;
+  }
+  const json p = json::parse(std::ifstream(probe));
+  EXPECT_EQ(p["windows"], 3);
+  EXPECT_EQ(p["positions"], 3 * 63);
+  std::map<std::string, std::vector<double>> kl;
+  for (const auto& s : p["settings"]) kl[s["name"].get<std::string>()] = s["kl"].get<std::vector<double>>();
+  ASSERT_EQ(kl.size(), 5u);
+  for (int l = 0; l < 8; ++l) EXPECT_LT(kl["kept"][size_t(l)], kl["turboquant_3bit_nc"][size_t(l)] / 10) << l;
+
+  const std::string a = temp_path("vllm_tq_probe.kvqalloc.h5");
+  r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method vllm-turboquant --probe " + probe + " --bpd 12 --out " + a);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const kvq::AllocFile af = kvq::read_alloc(a);
+  EXPECT_EQ(af.params["objective"], "kl");
+  const Spelled s = spelled(af);
+  double sum = 0;
+  for (int l = 0; l < 8; ++l)
+    sum += std::count(s.kept.begin(), s.kept.end(), l) ? kl["kept"][size_t(l)] : kl[s.preset][size_t(l)];
+  const json params = af.summary["joint"]["params"];
+  EXPECT_NEAR(std::stod(params["error"].get<std::string>()), sum, 1e-12 * sum);
+  // --max-kl at vLLM's default figure for the chosen preset: no more bytes than that default.
+  const std::string b = temp_path("vllm_tq_probe_maxkl.kvqalloc.h5");
+  r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method vllm-turboquant --probe " + probe + " --max-kl " +
+              params["default_error"].get<std::string>() + " --out " + b);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const json pb = kvq::read_alloc(b).summary["joint"];
+  EXPECT_LE(std::stod(pb["params"]["error"].get<std::string>()), std::stod(params["default_error"].get<std::string>()));
+  EXPECT_LE(std::stod(pb["params"]["default_bpd"].get<std::string>()), 16.0);
+
+  auto refused = [&](const std::string& args, const std::string& want) {
+    const std::string o = temp_path("vllm_tq_probe_refused.kvqalloc.h5");
+    fs::remove(o);
+    auto x = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method vllm-turboquant " + args + " --out " + o);
+    EXPECT_NE(x.status, 0) << args;
+    EXPECT_NE(x.err.find(want), std::string::npos) << x.err;
+    EXPECT_EQ(std::count(x.err.begin(), x.err.end(), '\n'), 1) << x.err;
+    EXPECT_FALSE(fs::exists(o));
+  };
+  refused("--max-kl 0.1", "--max-kl: needs --probe");
+  refused("--probe " + probe + " --max-error 0.1", "give the bound as --max-kl");
+  const std::string bad = temp_path("vllm_tq_bad.kvqprobe.json");
+  {
+    json j = p;
+    j["settings"][1]["kl"][2] = -1.0;
+    std::ofstream(bad) << j.dump();
+  }
+  refused("--probe " + bad + " --bpd 12", "settings[1].kl[2]: not a finite number >= 0");
+  // A probe of another calibration (the mistral-swa one) is refused by its content digest.
+  const std::string other_cal = capture("swa", "mistral-swa", "--layers 8");
+  const std::string other = temp_path("vllm_tq_other.kvqprobe.json");
+  fs::remove(other);
+  r = run_cmd(bin("kvq-probe") + " -q --model " + fs::path(other_cal).parent_path().string() + "/m --calib " + other_cal +
+              " --windows 1 --out " + other);
+  ASSERT_EQ(r.status, 0) << r.err;
+  refused("--probe " + other + " --bpd 12", "measured on another calibration");
+  // kvq-probe refuses a calibration of another model, naming the calibration file.
+  r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + other_cal + " --out " + temp_path("x.kvqprobe.json"));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("made from another model"), std::string::npos) << r.err;
 }

@@ -83,13 +83,20 @@ struct PresetScan {
 
 }  // namespace
 
-static PresetScan scan_preset(const VllmTqInput& in, const VllmTqPreset& p) {
+static PresetScan scan_preset(const VllmTqInput& in, const VllmTqPreset& p) {  // p: an element of in.presets
   const Shape& sh = in.shape;
   const int L = sh.n_layers, H = sh.n_kv_heads, d = sh.head_dim;
   const int ki = key_index(p.key_bits), vi = value_index(p.value_bits);
   const int kk = key_index(16), vk = value_index(16);
   std::vector<double> coded(size_t(L), 0.0), kept(size_t(L), 0.0);
-  for (int l = 0; l < L; ++l)
+  if (!in.layer_err.empty()) {
+    const size_t P = in.presets.size(), pi = size_t(&p - in.presets.data());
+    for (int l = 0; l < L; ++l) {
+      coded[size_t(l)] = in.layer_err[size_t(l) * (P + 1) + pi];
+      kept[size_t(l)] = in.layer_err[size_t(l) * (P + 1) + P];
+    }
+  }
+  for (int l = 0; l < L && in.layer_err.empty(); ++l)
     for (int h = 0; h < H; ++h) {
       const size_t i = size_t(l * H + h);
       coded[size_t(l)] += in.k_err[i * kVllmTqKeyVariants + size_t(ki)] + in.v_err[i * kVllmTqValueVariants + size_t(vi)];
@@ -132,8 +139,15 @@ VllmTqChoice choose_vllm_turboquant(const VllmTqInput& in, const VllmTqTarget& t
     if (key_index(p.key_bits) < 0 || p.key_bits == 16 || value_index(p.value_bits) < 0 || p.value_bits == 16)
       fail("presets", p.name + ": key bits " + num(p.key_bits) + ", value bits " + num(p.value_bits) + " is no preset");
   const size_t n_heads = size_t(L) * size_t(H);
-  if (in.k_err.size() != n_heads * kVllmTqKeyVariants || in.v_err.size() != n_heads * kVllmTqValueVariants)
+  if (!in.layer_err.empty()) {
+    if (in.layer_err.size() != size_t(L) * (in.presets.size() + 1))
+      fail("error", "expected " + num(L) + " layers x " + num(static_cast<long long>(in.presets.size() + 1)) +
+                        " settings of per-layer figures, got " + num(static_cast<long long>(in.layer_err.size())));
+    for (double e : in.layer_err)
+      if (!(std::isfinite(e) && e >= 0)) fail("error", "a per-layer figure is not finite and >= 0: " + num(e));
+  } else if (in.k_err.size() != n_heads * kVllmTqKeyVariants || in.v_err.size() != n_heads * kVllmTqValueVariants) {
     fail("error", "expected " + num(static_cast<long long>(n_heads)) + " heads x widths per side");
+  }
   for (double e : in.k_err)
     if (!(std::isfinite(e) && e >= 0)) fail("error", "a K figure is not finite and >= 0: " + num(e));
   for (double e : in.v_err)
@@ -212,8 +226,12 @@ Allocation allocate_vllm_turboquant(const VllmTqInput& in, const VllmTqTarget& t
         dec.bits = kept[size_t(l)] ? 16 : side == Side::kK ? p.key_bits : p.value_bits;
         dec.budget_bits = static_cast<int>(head_bits(side, dec.bits, d));
         const size_t i = size_t(l * H + h);
-        dec.predicted_distortion = side == Side::kK ? in.k_err[i * kVllmTqKeyVariants + size_t(key_index(dec.bits))]
-                                                    : in.v_err[i * kVllmTqValueVariants + size_t(value_index(dec.bits))];
+        if (in.layer_err.empty())
+          dec.predicted_distortion = side == Side::kK ? in.k_err[i * kVllmTqKeyVariants + size_t(key_index(dec.bits))]
+                                                      : in.v_err[i * kVllmTqValueVariants + size_t(value_index(dec.bits))];
+        else if (h == 0 && side == Side::kK)  // the layer's figure, once (per-layer measurement)
+          dec.predicted_distortion = in.layer_err[size_t(l) * (in.presets.size() + 1) +
+                                                  (kept[size_t(l)] ? in.presets.size() : ch.preset)];
         out.heads.push_back(std::move(dec));
       }
   const double dims = double(L) * H * 2.0 * d;

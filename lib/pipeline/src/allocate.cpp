@@ -225,7 +225,12 @@ AllocFile run_allocate(const AllocateOptions& o) {
   if (vllm_tq) vllm_presets_from_flag("--presets", o.vllm_presets);
   if (joint_method && o.objective != "attention" && o.objective != "mse")
     throw Error("", "--objective", "unknown value '" + o.objective + "' (attention or mse)");
-  if (!vllm_tq && o.max_error >= 0) throw Error("", "--max-error", "only with --method vllm-turboquant");
+  if (!vllm_tq && o.max_error >= 0) throw Error("", o.max_is_kl ? "--max-kl" : "--max-error", "only with --method vllm-turboquant");
+  if (!vllm_tq && !o.probe.empty()) throw Error("", "--probe", "only with --method vllm-turboquant");
+  if (o.max_is_kl && o.probe.empty())
+    throw Error("", "--max-kl", "needs --probe (kvq-probe's measured KL; without it bound the reservoir error: --max-error)");
+  if (!o.max_is_kl && o.max_error >= 0 && !o.probe.empty())
+    throw Error("", "--max-error", "with --probe the figure is the measured KL: give the bound as --max-kl");
   if (vllm_tq && !(o.max_error < 0 || std::isfinite(o.max_error)))
     throw Error("", "--max-error", "must be finite and >= 0, got " + std::to_string(o.max_error));
   if (!joint_method && o.bpd > o.b_max) throw Error("", "--bpd", std::to_string(o.bpd) + " is above b_max " + std::to_string(o.b_max));
@@ -235,7 +240,8 @@ AllocFile run_allocate(const AllocateOptions& o) {
   if (!joint_method && v_bpd > o.b_max) throw Error("", "--v-bpd", std::to_string(v_bpd) + " is above b_max " + std::to_string(o.b_max));
 
   const bool needs_samples = o.method == Method::kCobraMeasured || o.v_method == Method::kCobraMeasured ||
-                             joint_method || o.norm_correction == NormCorrectionMode::kAuto ||
+                             layer_precision || (vllm_tq && o.probe.empty()) ||
+                             o.norm_correction == NormCorrectionMode::kAuto ||
                              o.group_norms == AllocateOptions::GroupNorms::kCompact;
   CalibFile c = read_calib(o.calib, needs_samples);
   if (!c.complete())
@@ -288,8 +294,9 @@ AllocFile run_allocate(const AllocateOptions& o) {
   }
   if (vllm_tq) {
     a.params["presets"] = o.vllm_presets;
-    a.params["objective"] = o.objective;
-    if (o.max_error >= 0) a.params["max_error"] = o.max_error;
+    a.params["objective"] = o.probe.empty() ? o.objective : "kl";
+    if (!o.probe.empty()) a.params["probe"] = o.probe;
+    if (o.max_error >= 0) a.params[o.max_is_kl ? "max_kl" : "max_error"] = o.max_error;
   }
   if (o.codebook == TqCodebook::kSphere) a.params["codebook"] = "exact";  // absent = gaussian (bytes unchanged)
   const bool compact = o.group_norms == AllocateOptions::GroupNorms::kCompact;

@@ -6,6 +6,7 @@
 #include "kvq/alloc/vllm_turboquant.hpp"
 #include "kvq/codec/vllm_turboquant.hpp"
 #include "kvq/io/h5_paths.hpp"
+#include "kvq/io/probe_file.hpp"
 #include "kvq/util/error.hpp"
 #include "layer_precision.hpp"
 
@@ -45,10 +46,6 @@ alloc::Allocation allocate_vllm_turboquant(const CalibFile& c, const AllocateOpt
                     ": an MLA latent cache, which vLLM's TurboQuant does not code (no MLA path)");
   if (const std::string why = vllm_tq::unsupported_head_dim(d); !why.empty())
     throw Error(o.calib, "provenance.head_dim", why + ": vLLM's TurboQuant refuses this model");
-  const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
-  if (n < 1)
-    throw Error(o.calib, h5path::kReservoir,
-                "empty: vllm-turboquant needs reservoir rows (calib-capture --reservoir-tokens)");
   alloc::VllmTqInput in;
   in.shape = {L, H, d, d};
   in.presets = vllm_presets_from_flag("--presets", o.vllm_presets);
@@ -58,6 +55,31 @@ alloc::Allocation allocate_vllm_turboquant(const CalibFile& c, const AllocateOpt
     if (c.prov.window_of(l) > 0 && std::find(in.forced.begin(), in.forced.end(), l) == in.forced.end())
       in.forced.push_back(l);
   std::sort(in.forced.begin(), in.forced.end());
+  if (!o.probe.empty()) {  // the end-to-end probe: a layer's K and V coded together, per preset
+    const ProbeFile p = read_probe(o.probe);
+    if (p.candidates != "vllm-turboquant")
+      throw Error(o.probe, "candidates", "'" + p.candidates + "': not a probe of vllm-turboquant's candidates");
+    if (p.calib_digest != calib_content_digest(c))
+      throw Error(o.probe, "calibration.content_digest",
+                  "measured on another calibration (" + p.calib_path + "), not on --calib " + o.calib);
+    if (p.n_layers != L)
+      throw Error(o.probe, "model.n_layers", std::to_string(p.n_layers) + ", the calibration has " + std::to_string(L));
+    auto find = [&](const std::string& name) -> const ProbeSetting& {
+      for (const auto& s : p.settings)
+        if (s.name == name) return s;
+      throw Error(o.probe, "settings", "no '" + name + "' setting (probe it with kvq-probe --candidates vllm-turboquant)");
+    };
+    const size_t P = in.presets.size();
+    in.layer_err.assign(size_t(L) * (P + 1), 0.0);
+    for (size_t i = 0; i <= P; ++i) {
+      const ProbeSetting& s = find(i < P ? in.presets[i].name : std::string("kept"));
+      for (int l = 0; l < L; ++l) in.layer_err[size_t(l) * (P + 1) + i] = s.kl[size_t(l)];
+    }
+  } else {
+    const int64_t n = std::min<int64_t>(c.reservoir.size(), o.measure_tokens);
+    if (n < 1)
+      throw Error(o.calib, h5path::kReservoir,
+                  "empty: vllm-turboquant needs reservoir rows (calib-capture --reservoir-tokens) or --probe");
   auto variant = [&](int l, int h, Side side, int f) {
     HeadDecision dec;
     dec.layer = l;
@@ -72,6 +94,7 @@ alloc::Allocation allocate_vllm_turboquant(const CalibFile& c, const AllocateOpt
                                                  o.objective == "attention", o.measure_tokens);
   in.k_err = std::move(costs.k);
   in.v_err = std::move(costs.v);
+  }
   alloc::VllmTqTarget target;
   if (o.max_error >= 0) target.max_error = o.max_error;
   else target.bpd = o.bpd;
@@ -82,7 +105,8 @@ alloc::Allocation allocate_vllm_turboquant(const CalibFile& c, const AllocateOpt
     const std::string what = e.what();
     for (const auto& [prefix, flag] : {std::pair<std::string, std::string>{"bits_per_dim: ", "--bpd"},
                                        std::pair<std::string, std::string>{"max_error: ", "--max-error"}})
-      if (what.rfind(prefix, 0) == 0) throw Error("", flag, what.substr(prefix.size()));
+      if (what.rfind(prefix, 0) == 0)
+        throw Error("", flag == "--max-error" && o.max_is_kl ? "--max-kl" : flag, what.substr(prefix.size()));
     throw;
   }
 }

@@ -34,6 +34,10 @@ struct VllmTqInput {
   // k_err[(layer * H + head) * kVllmTqKeyVariants + i] with key width kVllmTqKeyBits[i], and
   // v_err[(layer * H + head) * kVllmTqValueVariants + i] with value width kVllmTqValueBits[i].
   std::vector<double> k_err, v_err;
+  // Or measured per layer as a whole (the end-to-end probe, kvq-probe: the layer's K and V coded
+  // together): layer_err[layer * (P + 1) + p] for presets[p], p = P for the layer kept. When
+  // non-empty it replaces the per-head sums (k_err / v_err may then be empty).
+  std::vector<double> layer_err;
   std::vector<int> forced;  // layers always kept (vllm_tq_forced_layers; hybrid models: none)
 };
 

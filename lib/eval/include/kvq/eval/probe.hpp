@@ -54,3 +54,23 @@ CompositeResult probe_composite(const Model& m, const std::vector<std::vector<in
                                 const ProbeOptions& o = {});
 
 }  // namespace kvq
+
+#include "kvq/io/probe_file.hpp"
+
+namespace kvq {
+
+// kvq-probe: the probe of a family of candidate codings on the first `windows` calibration windows
+// of `calib` (re-read from its recorded corpus, as calib-capture tokenized it), on `model` (the one
+// the calibration was made from). candidates "vllm-turboquant": vLLM's four presets (keys post-RoPE,
+// coding kind vllm-turboquant) and the layer kept in BF16.
+struct ProbeRunOptions {
+  std::string model, calib;
+  std::string candidates = "vllm-turboquant";
+  int windows = 16;
+  bool stream = false;
+  bool quiet = false;
+  int64_t max_batch_tokens = 8192;
+};
+ProbeFile run_probe(const ProbeRunOptions& o);
+
+}  // namespace kvq

@@ -73,6 +73,10 @@ struct AllocateOptions {
   // total measured error (the fewest bytes that meet it) instead of the --bpd budget.
   std::string vllm_presets = "all";
   double max_error = -1.0;
+  // vllm-turboquant: kvq-probe's file (.kvqprobe.json): choose by the measured end-to-end KL per
+  // layer instead of the reservoir's attention error (max_error is then a KL: --max-kl).
+  std::string probe;
+  bool max_is_kl = false;  // the bound came as --max-kl (needs probe)
 };
 
 // Reads the calibration file, allocates, writes opts.out atomically; returns what was written.
