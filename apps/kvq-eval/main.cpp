@@ -15,7 +15,9 @@ int main(int argc, char** argv) {
       "  kvq-eval --model data/kvq-demo-llama --alloc a.kvqalloc.h5 --text heldout.txt --calib cal.kvqcal.h5\n"
       "Sliding windows: each window is BOS + window-1 text tokens, advanced by --stride; every text token\n"
       "is scored once. --sink N --recent M keep the window's first N positions and, for each query, the\n"
-      "last M cache entries in full precision (exact, in one forward per window)."};
+      "last M cache entries in full precision (exact, in one forward per window).\n"
+      "Coded rows also give the end-to-end KL against the fp32 forward (--no-kl skips it); --max-kl and\n"
+      "--max-ppl-ratio gate CI on the allocation's row. Exit codes: 0 ok, 1 a gate failed, 2 bad input."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   kvq::EvalOptions o;
@@ -60,14 +62,39 @@ int main(int argc, char** argv) {
       ->default_val(0)
       ->check(CLI::NonNegativeNumber);
   app.add_option("--json", json_out, "write the report as JSON (atomically)");
+  bool no_kl = false;
+  app.add_flag("--no-kl", no_kl,
+               "skip the end-to-end KL of the coded rows against the fp32 forward (it costs one more forward per "
+               "batch of windows)");
+  double max_kl = -1;
+  auto* max_kl_opt = app.add_option("--max-kl", max_kl,
+                                    "CI gate: exit 1 when the allocation's end-to-end KL (kl_vs_fp32, nats) is above this")
+                         ->check(CLI::NonNegativeNumber);
+  double max_ppl_ratio = -1;
+  app.add_option("--max-ppl-ratio", max_ppl_ratio, "CI gate: exit 1 when the allocation's perplexity / fp32's is above this")
+      ->check(CLI::PositiveNumber);
+  max_kl_opt->excludes(app.get_option("--no-kl"));
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   o.quiet = common.quiet;
   return kvq::cli::run_main("kvq-eval", [&] {
     kvq::set_threads(common.threads);
+    o.kl = !no_kl;
     kvq::EvalReport r = kvq::run_eval(o);
     if (!common.quiet) std::fputs(kvq::format_eval_report(r).c_str(), stdout);
     if (!json_out.empty()) kvq::write_file_atomically(json_out, r.to_json().dump(1) + "\n");
-    return 0;
+    // The gates read the allocation's row (rows[1]); exit 1 names each failure, as kvq-verify's do.
+    int rc = 0;
+    const kvq::EvalRow& a = r.rows.at(1);
+    if (max_kl >= 0 && a.result.kl() > max_kl) {
+      std::fprintf(stderr, "kvq-eval: gate failed: end-to-end KL %.6g > --max-kl %.6g\n", a.result.kl(), max_kl);
+      rc = 1;
+    }
+    const double ratio = a.result.ppl() / r.rows.at(0).result.ppl();
+    if (max_ppl_ratio > 0 && ratio > max_ppl_ratio) {
+      std::fprintf(stderr, "kvq-eval: gate failed: perplexity ratio %.6g > --max-ppl-ratio %.6g\n", ratio, max_ppl_ratio);
+      rc = 1;
+    }
+    return rc;
   });
 }

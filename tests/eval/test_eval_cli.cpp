@@ -116,6 +116,39 @@ TEST(EvalCli, EightBitsIsFp32OneBitIsWorse) {
   EXPECT_GT(double(j1["rows"][1]["k_bpd_effective"]), 1.0) << "norms count";
 }
 
+// The end-to-end KL of the coded rows (kl_vs_fp32) orders the budgets, and gates CI: --max-kl and
+// --max-ppl-ratio exit 1 with one line each when the allocation's row is above them, 0 otherwise;
+// --no-kl leaves the field out.
+TEST(EvalCli, EndToEndKlGatesCi) {
+  REQUIRE_TEXTS();
+  auto a8 = allocation("u8", "--method uniform --bpd 8");
+  auto a1 = allocation("u1", "--method uniform --bpd 1");
+  const std::string args = " --text " + g_exodus + " --calib " + cal() + " --baseline none --window 64 --stride 32 --max-tokens 256";
+  json j8 = eval("--alloc " + a8 + args), j1 = eval("--alloc " + a1 + args);
+  ASSERT_FALSE(j8.is_null());
+  ASSERT_FALSE(j1.is_null());
+  validate_last_report(false);
+  const double k8 = j8["rows"][1]["kl_vs_fp32"], k1 = j1["rows"][1]["kl_vs_fp32"];
+  std::printf("end-to-end KL: uniform 8 bpd %.3g, 1 bpd %.3g\n", k8, k1);
+  EXPECT_GT(k1, 100 * k8);
+  EXPECT_FALSE(j1["rows"][0].contains("kl_vs_fp32")) << "the fp32 row has no KL";
+  auto gate = [&](const std::string& extra) {
+    return test::run_cmd(test::bin("kvq-eval") + " -q --threads 2 --model " + kDemo + " --alloc " + a1 + args + extra);
+  };
+  auto r = gate(" --max-kl " + std::to_string(k1 / 2));
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("kvq-eval: gate failed: end-to-end KL"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(gate(" --max-kl " + std::to_string(k1 * 2)).status, 0);
+  r = gate(" --max-ppl-ratio 1.0000001");
+  EXPECT_EQ(r.status, 1) << r.err;
+  EXPECT_NE(r.err.find("gate failed: perplexity ratio"), std::string::npos) << r.err;
+  json nk = eval("--alloc " + a1 + args + " --no-kl");
+  ASSERT_FALSE(nk.is_null());
+  EXPECT_FALSE(nk["rows"][1].contains("kl_vs_fp32"));
+  EXPECT_DOUBLE_EQ(double(nk["rows"][1]["ppl"]), double(j1["rows"][1]["ppl"])) << "the KL pass changes nothing else";
+}
+
 TEST(EvalCli, ProtectedTokensHelpAndBlockGtqRuns) {
   REQUIRE_TEXTS();
   auto bg = allocation("bg2", "--method block-gtq --bpd 2");

@@ -223,6 +223,79 @@ TEST(Perplexity, SlidingWindowsScoreEveryTokenOnce) {
   }
 }
 
+// The end-to-end KL kvq-eval reports (PplOptions::kl) against the whole forward window by window:
+// each window's unquantized and coded logits (every layer's K/V coded from position 0, the plain
+// cache), KL(p || q) in plain double loops over the rows it scores (the tokens past the previous
+// window), summed and divided by the tokens scored.
+class CodeEverything : public KvTransform {
+ public:
+  explicit CodeEverything(const KvCoder& c) : c_(c) {}
+  void apply(LayerKv& kv) override {
+    const int rk = kv.n_kv_heads * kv.head_dim, rv = kv.n_kv_heads * kv.v_dim();
+    for (int b = 0; b < kv.batch; ++b) c_.code(kv.layer, kv.k + b * kv.seq * rk, kv.v + b * kv.seq * rv, kv.seq, kv.positions);
+  }
+
+ private:
+  const KvCoder& c_;
+};
+
+TEST(Perplexity, EndToEndKlEqualsTheWholeForwardWindowByWindow) {
+  c10::InferenceMode guard;
+  const Model& m = demo();
+  auto ids = psalm_ids(150);
+  std::vector<int32_t> text(ids.begin() + 1, ids.end());
+  KvCoder coder(m.config(), uniform(m.config(), 2, 2), "test");
+  PplOptions o;
+  o.prefix = {1};
+  o.quiet = true;
+  o.window = 48;
+  o.stride = 20;
+  o.kl = true;
+  const PplResult r = sliding_perplexity(m, text, o, &coder);
+  ASSERT_TRUE(r.has_kl);
+  double kl = 0;
+  int64_t scored = 0;
+  const int64_t n = int64_t(text.size());
+  for (int64_t begin = 0, prev_end = 0;; begin += o.stride) {
+    const int64_t end = std::min<int64_t>(begin + o.window - 1, n);
+    std::vector<int64_t> w{1};
+    for (int64_t t = begin; t < end; ++t) w.push_back(text[size_t(t)]);
+    const int first = std::max<int>(1, int(w.size()) - int(end - prev_end));
+    const at::Tensor x = at::tensor(std::vector<int64_t>(w.begin(), w.end() - 1), at::kLong);
+    const at::Tensor a = m.forward(x)[0].to(at::kDouble).contiguous();
+    CodeEverything hook(coder);
+    Model::ForwardOptions fo;
+    fo.kv_transform = &hook;
+    const at::Tensor b = m.forward(x, fo)[0].to(at::kDouble).contiguous();
+    const int64_t V = a.size(1);
+    for (int64_t row = first - 1; row < int64_t(w.size()) - 1; ++row) {
+      const double* pa = a[row].data_ptr<double>();
+      const double* pb = b[row].data_ptr<double>();
+      double ma = pa[0], mb = pb[0], za = 0, zb = 0;
+      for (int64_t v = 1; v < V; ++v) ma = std::max(ma, pa[v]), mb = std::max(mb, pb[v]);
+      for (int64_t v = 0; v < V; ++v) za += std::exp(pa[v] - ma), zb += std::exp(pb[v] - mb);
+      for (int64_t v = 0; v < V; ++v) {
+        const double la = pa[v] - ma - std::log(za), lb = pb[v] - mb - std::log(zb);
+        kl += std::exp(la) * (la - lb);
+      }
+      ++scored;
+    }
+    prev_end = end;
+    if (end == n) break;
+  }
+  EXPECT_EQ(scored, r.tokens);
+  EXPECT_GT(kl, 0.0);
+  EXPECT_NEAR(r.kl(), kl / double(scored), 1e-6 * kl / double(scored));
+  std::printf("end-to-end KL (uniform 2 bits, demo, 149 tokens): %.6g (whole forward per window %.6g)\n", r.kl(),
+              kl / double(scored));
+  // Nothing coded (every entry protected) is KL 0; without kl it is not computed.
+  o.policy = {48, 0};
+  EXPECT_EQ(sliding_perplexity(m, text, o, &coder).kl(), 0.0);
+  o.policy = {};
+  o.kl = false;
+  EXPECT_FALSE(sliding_perplexity(m, text, o, &coder).has_kl);
+}
+
 // A tokenizer without BOS (Qwen): windows are text only, and the text's first token, which has no
 // context, is the one token not scored.
 TEST(Perplexity, WithoutBosEveryTokenButTheFirstIsScoredOnce) {

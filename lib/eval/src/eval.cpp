@@ -145,6 +145,7 @@ EvalReport run_eval(const EvalOptions& o) {
                   "token id " + std::to_string(id) + " is outside the model's vocabulary");
   po.policy = o.policy;
   po.quiet = o.quiet;
+  po.kl = o.kl;
 
   // Coders first: a bad allocation or baseline budget fails before any forward runs.
   KvCoder alloc_coder(cfg, a.heads, o.alloc);
@@ -220,6 +221,7 @@ nlohmann::json EvalReport::to_json() const {
                         {"windows", x.result.windows},
                         {"forward_tokens", x.result.forward_tokens},
                         {"seconds", x.result.seconds}};
+    if (x.coded && x.result.has_kl) j["kl_vs_fp32"] = x.result.kl();
     if (x.coded) {
       j["k_bpd_nominal"] = x.k_bpd_nominal;
       j["k_bpd_effective"] = x.k_bpd_effective;
@@ -244,6 +246,12 @@ nlohmann::json EvalReport::to_json() const {
           {"rows", rj}};
 }
 
+static std::string fmt_kl(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.4g", v);
+  return b;
+}
+
 std::string format_eval_report(const EvalReport& r) {
   std::ostringstream s;
   char buf[512];
@@ -252,16 +260,16 @@ std::string format_eval_report(const EvalReport& r) {
   s << "cache: every token's K/V coded once when written; full precision: first " << r.policy.sink
     << " positions (sink), last " << r.policy.recent << " entries per query (recent)\n";
   s << "held-out: " << r.overlap << "\n";
-  std::snprintf(buf, sizeof buf, "%-24s %9s %9s %9s %9s %9s %11s %9s\n", "", "K bpd", "K eff", "V bpd", "V eff",
-                "NLL", "PPL", "vs fp32");
+  std::snprintf(buf, sizeof buf, "%-24s %9s %9s %9s %9s %9s %11s %9s %10s\n", "", "K bpd", "K eff", "V bpd", "V eff",
+                "NLL", "PPL", "vs fp32", "KL");
   s << buf;
   const double fp = r.rows.empty() ? 0 : r.rows[0].result.ppl();
   for (const auto& x : r.rows) {
     const double rel = fp > 0 ? 100.0 * (x.result.ppl() / fp - 1.0) : 0;
     if (x.coded)
-      std::snprintf(buf, sizeof buf, "%-24s %9.3g %9.4g %9.3g %9.4g %9.5f %11.4f %+8.2f%%\n", x.name.c_str(),
+      std::snprintf(buf, sizeof buf, "%-24s %9.3g %9.4g %9.3g %9.4g %9.5f %11.4f %+8.2f%% %10s\n", x.name.c_str(),
                     x.k_bpd_nominal, x.k_bpd_effective, x.v_bpd_nominal, x.v_bpd_effective, x.result.nll(),
-                    x.result.ppl(), rel);
+                    x.result.ppl(), rel, x.result.has_kl ? fmt_kl(x.result.kl()).c_str() : "-");
     else
       std::snprintf(buf, sizeof buf, "%-24s %9s %9s %9s %9s %9.5f %11.4f %9s\n", x.name.c_str(), "32", "32", "32",
                     "32", x.result.nll(), x.result.ppl(), "");
@@ -272,7 +280,7 @@ std::string format_eval_report(const EvalReport& r) {
               "effective bpd"
             : "(baseline at the allocation's nominal bpd; effective bpd");
   s << " = stored bits per token per head / d, protected "
-       "full-precision tokens not counted)\n";
+       "full-precision tokens not counted; KL = mean KL(fp32 || coded) of the next-token distributions, nats)\n";
   return s.str();
 }
 

@@ -75,7 +75,8 @@ bool any_coded(int64_t T, const CachePolicy& p) { return p.sink + p.recent < T -
 // is a target). Plain cache (recent == 0): positions >= sink coded once; protected (recent > 0):
 // the forward's per-pair selection; a cache that is full precision for every query: fp32.
 void window_batch(const Model& m, const std::vector<const std::vector<int64_t>*>& wins, const std::vector<int>& firsts,
-                  const KvCoder* coder, const CachePolicy& p, std::vector<std::vector<double>>& out) {
+                  const KvCoder* coder, const CachePolicy& p, std::vector<std::vector<double>>& out,
+                  double* kl_sum = nullptr) {
   c10::InferenceMode guard;
   const int64_t B = int64_t(wins.size()), T = int64_t(wins[0]->size()), Q = T - 1;
   at::Tensor ids = at::empty({B, Q}, at::kLong);
@@ -90,6 +91,16 @@ void window_batch(const Model& m, const std::vector<const std::vector<int64_t>*>
       fo.protected_kv = (prot = std::make_unique<ProtectedCoder>(*coder, p)).get();
   }
   at::Tensor logits = m.forward(ids, fo);  // [B, Q, V]
+  // The end-to-end KL of the scored rows against the unquantized forward (0 when nothing is coded).
+  if (kl_sum && (fo.kv_transform || fo.protected_kv)) {
+    const at::Tensor ref = m.forward(ids);
+    for (int64_t b = 0; b < B; ++b) {
+      const int f = firsts[size_t(b)];
+      const at::Tensor lp = at::log_softmax(ref[b].slice(0, f - 1, Q).to(at::kDouble), 1);
+      const at::Tensor lq = at::log_softmax(logits[b].slice(0, f - 1, Q).to(at::kDouble), 1);
+      *kl_sum += (lp.exp() * (lp - lq)).sum().item<double>();
+    }
+  }
   out.assign(size_t(B), {});
   for (int64_t b = 0; b < B; ++b) {
     const int f = firsts[size_t(b)];
@@ -155,6 +166,7 @@ PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, c
 
   PplResult r;
   r.windows = int64_t(wins.size());
+  r.has_kl = o.kl && coder;
   const auto t0 = std::chrono::steady_clock::now();
   Progress prog(o.label, r.windows, "tok", o.quiet);
   auto add = [&](const std::vector<double>& v) {
@@ -171,7 +183,7 @@ PplResult sliding_perplexity(const Model& m, const std::vector<int32_t>& text, c
     }
     check_window(m, wins[i].ids.size(), wins[i].first, o.policy);
     std::vector<std::vector<double>> out;
-    window_batch(m, batch, firsts, coder, o.policy, out);
+    window_batch(m, batch, firsts, coder, o.policy, out, o.kl && coder ? &r.kl_sum : nullptr);
     for (const auto& v : out) add(v);
     r.forward_tokens += int64_t(batch.size()) * int64_t(wins[i].ids.size() - 1);
     ++r.forwards;

@@ -31,6 +31,9 @@ struct EvalOptions {
   CachePolicy policy;
   int64_t max_tokens = 0;         // > 0: score only the first max_tokens text tokens
   bool quiet = false;
+  // Coded rows also report the end-to-end KL against the fp32 forward (kl_vs_fp32; one more forward
+  // per batch): the unit the sensitivity issue's allocators and gates use.
+  bool kl = true;
 };
 
 struct EvalRow {

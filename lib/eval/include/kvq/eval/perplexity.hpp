@@ -41,6 +41,10 @@ struct PplOptions {
   int64_t max_batch_tokens = 16384;  // windows per forward = this / window
   bool quiet = false;                // no progress line
   std::string label;                 // progress label
+  // With a coder: also run each batch unquantized and sum KL(p_fp32 || p_coded) of the next-token
+  // distributions over the scored tokens (PplResult::kl: the end-to-end KL, one more forward per
+  // batch).
+  bool kl = false;
 };
 
 struct PplResult {
@@ -50,7 +54,10 @@ struct PplResult {
   int64_t forward_tokens = 0;  // tokens pushed through the forward: each window's once, any policy
   int64_t forwards = 0;        // Model::forward calls (batches of windows)
   double seconds = 0;
+  double kl_sum = 0;          // nats over the scored tokens (PplOptions::kl with a coder: has_kl)
+  bool has_kl = false;
   double nll() const { return tokens ? nll_sum / double(tokens) : 0.0; }
+  double kl() const { return tokens ? kl_sum / double(tokens) : 0.0; }
   double ppl() const;
 };
 
