@@ -15,16 +15,21 @@ int main(int argc, char** argv) {
       "after it. The file feeds kvq-allocate --probe.\n"
       "  kvq-probe --model M --calib cal.kvqcal.h5 --candidates vllm-turboquant --out p.kvqprobe.json\n"
       "  kvq-allocate --calib cal.kvqcal.h5 --method vllm-turboquant --probe p.kvqprobe.json --max-kl 0.02 --out a.kvqalloc.h5\n"
-      "Candidates vllm-turboquant: vLLM's four TurboQuant presets and the layer kept in BF16."};
+      "Candidates vllm-turboquant: vLLM's four TurboQuant presets and the layer kept in BF16. Candidates\n"
+      "allocation (--alloc A): A's own coding layer by layer and every layer at once (the composite KL\n"
+      "beside the sum of the layers': how additive the errors are)."};
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   kvq::ProbeRunOptions o;
   std::string out;
   kvq::cli::add_model(app, o.model);
   kvq::cli::add_calib(app, o.calib);
-  app.add_option("--candidates", o.candidates, "the codings to probe: vllm-turboquant")
+  app.add_option("--candidates", o.candidates,
+                 "the codings to probe: vllm-turboquant (vLLM's four presets and the layer kept in BF16), or "
+                 "allocation (the allocation --alloc names, layer by layer and every layer at once)")
       ->default_val(o.candidates)
-      ->check(CLI::IsMember({"vllm-turboquant"}));
+      ->check(CLI::IsMember({"vllm-turboquant", "allocation"}));
+  app.add_option("--alloc", o.alloc, "with --candidates allocation: the allocation file (made from --calib)");
   app.add_option("--windows", o.windows, "calibration windows to run (the first N; more: a steadier figure, a longer run)")
       ->default_val(o.windows)
       ->check(CLI::Range(1, 1 << 20));
@@ -49,11 +54,15 @@ int main(int argc, char** argv) {
       std::printf("  %-20s", "layer");
       for (int l = 0; l < p.n_layers; ++l) std::printf(" %9d", l);
       std::printf("\n");
+      double sum = 0;
       for (const auto& s : p.settings) {
         std::printf("  %-20s", s.name.c_str());
-        for (double v : s.kl) std::printf(" %9.3g", v);
+        for (double v : s.kl) std::printf(" %9.3g", v), sum += v;
         std::printf("\n");
       }
+      if (p.has_composite)
+        std::printf("  every layer at once: KL %.4g, dNLL %.4g; the layers' sum %.4g: additivity ratio %.3f\n",
+                    p.composite_kl, p.composite_dnll, sum, sum > 0 ? p.composite_kl / sum : 0.0);
     }
     return 0;
   });

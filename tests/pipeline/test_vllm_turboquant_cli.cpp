@@ -300,6 +300,27 @@ TEST(VllmTurboQuantCli, ProbeFileDrivesTheChoice) {
               " --windows 1 --out " + other);
   ASSERT_EQ(r.status, 0) << r.err;
   refused("--probe " + other + " --bpd 12", "measured on another calibration");
+  // --candidates allocation: the allocation's own coding per layer and every layer at once; the file
+  // says how additive the layers' errors are, and is not a vllm-turboquant probe.
+  const std::string pa = temp_path("vllm_tq_alloc.kvqprobe.json");
+  fs::remove(pa);
+  r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + cal + " --candidates allocation --alloc " + a +
+              " --windows 3 --out " + pa);
+  ASSERT_EQ(r.status, 0) << r.err;
+  {
+    const json j = json::parse(std::ifstream(pa));
+    ASSERT_EQ(j["settings"].size(), 1u);
+    double layers = 0;
+    for (double v : j["settings"][0]["kl"].get<std::vector<double>>()) layers += v;
+    EXPECT_NEAR(j["composite"]["sum_of_layers_kl"].get<double>(), layers, 1e-12 * layers);
+    EXPECT_NEAR(j["composite"]["additivity_ratio"].get<double>(), j["composite"]["kl"].get<double>() / layers, 1e-9);
+    EXPECT_GT(j["composite"]["kl"].get<double>(), 0.0);
+  }
+  refused("--probe " + pa + " --bpd 12", "not a probe of vllm-turboquant's candidates");
+  r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + cal + " --candidates allocation --out " +
+              temp_path("y.kvqprobe.json"));
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("--candidates allocation needs --alloc"), std::string::npos) << r.err;
   // kvq-probe refuses a calibration of another model, naming the calibration file.
   r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + other_cal + " --out " + temp_path("x.kvqprobe.json"));
   EXPECT_EQ(r.status, 2);

@@ -5,6 +5,7 @@
 #include "kvq/codec/vllm_turboquant.hpp"
 #include "kvq/eval/overlap.hpp"
 #include "kvq/eval/probe.hpp"
+#include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
 #include "kvq/io/h5_paths.hpp"
 #include "kvq/util/error.hpp"
@@ -13,8 +14,11 @@
 namespace kvq {
 
 ProbeFile run_probe(const ProbeRunOptions& o) {
-  if (o.candidates != "vllm-turboquant")
-    throw Error("", "--candidates", "unknown value '" + o.candidates + "' (vllm-turboquant)");
+  const bool vllm = o.candidates == "vllm-turboquant";
+  if (!vllm && o.candidates != "allocation")
+    throw Error("", "--candidates", "unknown value '" + o.candidates + "' (vllm-turboquant or allocation)");
+  if (vllm != o.alloc.empty())
+    throw Error("", "--alloc", vllm ? "only with --candidates allocation" : "--candidates allocation needs --alloc");
   if (o.windows < 1) throw Error("", "--windows", "must be >= 1, got " + std::to_string(o.windows));
   CalibFile c = read_calib(o.calib, false);
   if (!c.complete())
@@ -28,11 +32,18 @@ ProbeFile run_probe(const ProbeRunOptions& o) {
   if (c.prov.model_config_sha256 != m.config_sha256())
     throw Error(o.calib, "provenance.model_config_sha256",
                 "the calibration was made from another model (" + c.prov.model_path + "), not from --model " + o.model);
-  if (cfg.v_dim() != cfg.head_dim)
+  AllocFile a;
+  if (!vllm) {
+    a = read_alloc(o.alloc);
+    if (a.calib_digest != calib_content_digest(c))
+      throw Error(o.alloc, "calibration.content_digest",
+                  "the allocation was made from another calibration (" + a.calib_path + "), not from --calib " + o.calib);
+  }
+  if (vllm && cfg.v_dim() != cfg.head_dim)
     throw Error(o.model, "head_dim_v",
                 std::to_string(cfg.v_dim()) + " differs from head_dim " + std::to_string(cfg.head_dim) +
                     ": an MLA latent cache, which vLLM's TurboQuant does not code (no MLA path)");
-  if (const std::string why = vllm_tq::unsupported_head_dim(cfg.head_dim); !why.empty())
+  if (const std::string why = vllm ? vllm_tq::unsupported_head_dim(cfg.head_dim) : ""; !why.empty())
     throw Error(o.model, "head_dim", why + ": vLLM's TurboQuant refuses this model");
 
   // The windows: the recorded prefix + seq_len - |prefix| corpus tokens from each window's offset.
@@ -58,14 +69,21 @@ ProbeFile run_probe(const ProbeRunOptions& o) {
     int kb, vb;
   };
   std::vector<Cand> cands;
-  for (int i = 0; i < vllm_tq::kNumPresets; ++i) {
-    const auto& in = vllm_tq::info(vllm_tq::Preset(i));
-    cands.push_back({in.name, in.key_bits, in.value_bits});
-  }
-  cands.push_back({"kept", 16, 16});
   std::vector<std::unique_ptr<KvCoder>> coders;
   std::vector<const KvCoder*> settings;
+  if (!vllm) {
+    cands.push_back({"allocation", 0, 0});
+    coders.push_back(std::make_unique<KvCoder>(cfg, a.heads, o.alloc));
+    settings.push_back(coders.back().get());
+  } else {
+    for (int i = 0; i < vllm_tq::kNumPresets; ++i) {
+      const auto& in = vllm_tq::info(vllm_tq::Preset(i));
+      cands.push_back({in.name, in.key_bits, in.value_bits});
+    }
+    cands.push_back({"kept", 16, 16});
+  }
   for (const Cand& k : cands) {
+    if (!vllm) break;
     std::vector<HeadDecision> heads;
     for (Side side : {Side::kK, Side::kV})
       for (int l = 0; l < cfg.n_layers; ++l)
@@ -87,6 +105,13 @@ ProbeFile run_probe(const ProbeRunOptions& o) {
   po.max_batch_tokens = o.max_batch_tokens;
   po.label = "kvq-probe";
   const ProbeResult r = probe_layers(m, windows, settings, po);
+  if (!vllm) {
+    const CompositeResult all = probe_composite(m, windows, *settings[0], po);
+    p.has_composite = true;
+    p.composite_kl = all.kl;
+    p.composite_dnll = all.dnll;
+    p.alloc_path = o.alloc;
+  }
 
   p.model_path = o.model;
   p.model_config_sha256 = m.config_sha256();

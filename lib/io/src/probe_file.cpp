@@ -14,6 +14,7 @@ nlohmann::ordered_json probe_json(const ProbeFile& p) {
   j["version"] = kProbeVersion;
   j["producer"] = std::string("kvq ") + KVQ_VERSION;
   j["candidates"] = p.candidates;
+  if (!p.alloc_path.empty()) j["alloc"] = p.alloc_path;
   j["model"] = {{"path", p.model_path}, {"config_sha256", p.model_config_sha256}, {"n_layers", p.n_layers}};
   j["calibration"] = {{"path", p.calib_path}, {"sha256", p.calib_sha256}, {"content_digest", p.calib_digest}};
   j["windows"] = p.windows;
@@ -25,6 +26,14 @@ nlohmann::ordered_json probe_json(const ProbeFile& p) {
   for (const auto& x : p.settings)
     s.push_back({{"name", x.name}, {"key_bits", x.key_bits}, {"value_bits", x.value_bits}, {"kl", x.kl}, {"dnll", x.dnll}});
   j["settings"] = s;
+  if (p.has_composite) {
+    double sum = 0;
+    for (double v : p.settings.at(0).kl) sum += v;
+    j["composite"] = {{"kl", p.composite_kl},
+                      {"dnll", p.composite_dnll},
+                      {"sum_of_layers_kl", sum},
+                      {"additivity_ratio", sum > 0 ? p.composite_kl / sum : 0.0}};
+  }
   return j;
 }
 
@@ -94,6 +103,9 @@ ProbeFile read_probe(const std::string& path) {
                                      (version > kProbeVersion ? " (written by a newer kvq)" : ""));
   ProbeFile p;
   p.candidates = str(path, j, "", "candidates");
+  if (p.candidates != "vllm-turboquant" && p.candidates != "allocation")
+    throw Error(path, "candidates", "unknown value '" + p.candidates + "' (vllm-turboquant or allocation)");
+  if (j.contains("alloc")) p.alloc_path = str(path, j, "", "alloc");
   const auto& m = at(path, j, "", "model");
   p.model_path = str(path, m, "model", "path");
   p.model_config_sha256 = str(path, m, "model", "config_sha256");
@@ -115,13 +127,19 @@ ProbeFile read_probe(const std::string& path) {
     const std::string w = "settings[" + std::to_string(i) + "]";
     ProbeSetting x;
     x.name = str(path, s[i], w, "name");
-    x.key_bits = int(integer(path, s[i], w, "key_bits", 1));
-    x.value_bits = int(integer(path, s[i], w, "value_bits", 1));
+    x.key_bits = int(integer(path, s[i], w, "key_bits", 0));
+    x.value_bits = int(integer(path, s[i], w, "value_bits", 0));
     x.kl = per_layer(path, s[i], w, "kl", p.n_layers, true);
     x.dnll = per_layer(path, s[i], w, "dnll", p.n_layers, false);
     for (const auto& e : p.settings)
       if (e.name == x.name) throw Error(path, w + ".name", "'" + x.name + "' appears twice");
     p.settings.push_back(std::move(x));
+  }
+  if (j.contains("composite")) {
+    p.has_composite = true;
+    p.composite_kl = number(path, j["composite"], "composite", "kl");
+    p.composite_dnll = number(path, j["composite"], "composite", "dnll");
+    if (p.composite_kl < 0) throw Error(path, "composite.kl", "negative: " + std::to_string(p.composite_kl));
   }
   return p;
 }

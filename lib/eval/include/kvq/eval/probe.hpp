@@ -62,9 +62,11 @@ namespace kvq {
 // kvq-probe: the probe of a family of candidate codings on the first `windows` calibration windows
 // of `calib` (re-read from its recorded corpus, as calib-capture tokenized it), on `model` (the one
 // the calibration was made from). candidates "vllm-turboquant": vLLM's four presets (keys post-RoPE,
-// coding kind vllm-turboquant) and the layer kept in BF16.
+// coding kind vllm-turboquant) and the layer kept in BF16; "allocation": the allocation `alloc`
+// (made from this calibration) layer by layer and as a whole (ProbeFile::composite_kl: the
+// additivity of its layers' errors).
 struct ProbeRunOptions {
-  std::string model, calib;
+  std::string model, calib, alloc;
   std::string candidates = "vllm-turboquant";
   int windows = 16;
   bool stream = false;

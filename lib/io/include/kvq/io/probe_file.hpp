@@ -15,19 +15,23 @@ inline constexpr const char* kProbeFormat = "kvq-probe";
 inline constexpr int64_t kProbeVersion = 1;
 
 struct ProbeSetting {
-  std::string name;                 // vllm-turboquant: the preset's --kv-cache-dtype, or "kept"
-  int key_bits = 0, value_bits = 0;  // the coding kind's widths (16: kept in BF16)
+  std::string name;                 // vllm-turboquant: the preset's --kv-cache-dtype, or "kept"; "allocation"
+  int key_bits = 0, value_bits = 0;  // vllm-turboquant's widths (16: kept in BF16); 0 for "allocation"
   std::vector<double> kl, dnll;     // per layer
 };
 
 struct ProbeFile {
-  std::string candidates;           // what was probed: "vllm-turboquant"
+  std::string candidates;           // what was probed: "vllm-turboquant", or "allocation" (an allocation's own coding)
+  std::string alloc_path;           // candidates "allocation": the allocation file
   std::string model_path, model_config_sha256;
   std::string calib_path, calib_sha256, calib_digest;  // the calibration whose windows were run
   int n_layers = 0, windows = 0, seq_len = 0;
   int64_t positions = 0, layer_forwards = 0;
   double clean_nll = 0, seconds = 0;
   std::vector<ProbeSetting> settings;
+  // candidates "allocation": every layer coded at once, on the same windows (has_composite).
+  bool has_composite = false;
+  double composite_kl = 0, composite_dnll = 0;
 };
 
 nlohmann::ordered_json probe_json(const ProbeFile& p);
