@@ -16,7 +16,7 @@ int main(int argc, char** argv) {
   kvq::cli::Common common;
   kvq::cli::add_common(app, common);
   kvq::report::InspectOptions o;
-  app.add_option("FILE", o.files, "a .kvqcal.h5 or .kvqalloc.h5 file; two .kvqalloc.h5 files compare them (A B)")
+  app.add_option("FILE", o.files, "a .kvqcal.h5, .kvqalloc.h5 or .kvqprobe.json (kvq-probe) file; two .kvqalloc.h5 files compare them (A B)")
       ->required()
       ->expected(1, 2)
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);

@@ -254,6 +254,26 @@ TEST(VllmTurboQuantCli, ProbeFileDrivesTheChoice) {
   ASSERT_EQ(kl.size(), 5u);
   for (int l = 0; l < 8; ++l) EXPECT_LT(kl["kept"][size_t(l)], kl["turboquant_3bit_nc"][size_t(l)] / 10) << l;
 
+  // kvq-inspect reads it: the per-layer table, a figure, the same JSON back.
+  {
+    const std::string figs = temp_path("vllm_tq_probe_figs"), txt = temp_path("vllm_tq_probe.txt"),
+                      back = temp_path("vllm_tq_probe_back.json");
+    fs::remove_all(figs);
+    r = run_cmd(bin("kvq-inspect") + " " + probe + " --plots " + figs + " --json " + back + " > " + txt);
+    ASSERT_EQ(r.status, 0) << r.err;
+    std::stringstream t;
+    t << std::ifstream(txt).rdbuf();
+    EXPECT_NE(t.str().find("mean next-token KL (nats) with only that layer's K and V coded"), std::string::npos) << t.str();
+    EXPECT_NE(t.str().find("turboquant_3bit_nc"), std::string::npos) << t.str();
+    const std::string name = fs::path(probe).filename().string();
+    const std::string stem = figs + "/" + name.substr(0, name.size() - std::string(".kvqprobe.json").size()) + ".probe";
+    std::ifstream png(stem + ".png", std::ios::binary);
+    char sig[8] = {};
+    png.read(sig, 8);
+    EXPECT_EQ(std::string(sig, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+    EXPECT_TRUE(fs::exists(stem + ".svg"));
+    EXPECT_EQ(json::parse(std::ifstream(back))["settings"], p["settings"]);
+  }
   const std::string a = temp_path("vllm_tq_probe.kvqalloc.h5");
   r = run_cmd(bin("kvq-allocate") + " -q --calib " + cal + " --method vllm-turboquant --probe " + probe + " --bpd 12 --out " + a);
   ASSERT_EQ(r.status, 0) << r.err;

@@ -10,6 +10,7 @@
 #include "kvq/alloc/vllm_turboquant.hpp"
 #include "kvq/codec/vllm_turboquant.hpp"
 #include "kvq/format/decision_layout.hpp"
+#include "kvq/io/probe_file.hpp"
 #include "kvq/report/plots.hpp"
 #include "kvq/report/summary.hpp"
 #include "kvq/util/atomic_file.hpp"
@@ -29,7 +30,7 @@ std::string base_name(const std::string& p) {
 // "runs/bg2.kvqalloc.h5" -> "bg2": the prefix of the figure files.
 std::string file_stem(const std::string& p) {
   std::string b = base_name(p);
-  for (const char* ext : {".kvqalloc.h5", ".kvqcal.h5", ".h5"})
+  for (const char* ext : {".kvqalloc.h5", ".kvqcal.h5", ".h5", ".kvqprobe.json", ".json"})
     if (b.size() > std::string(ext).size() && b.compare(b.size() - std::string(ext).size(), std::string::npos, ext) == 0)
       return b.substr(0, b.size() - std::string(ext).size());
   return b;
@@ -296,6 +297,17 @@ std::vector<Table> alloc_tables(const AllocFile& a, const CalibFile* c) {
   return {heads, fp};
 }
 
+// kvq-probe's JSON rather than an HDF5 file: its first byte that is not white space is '{'.
+bool is_probe_file(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) return false;
+  int ch;
+  do ch = std::fgetc(f);
+  while (ch == ' ' || ch == '\n' || ch == '\r' || ch == '\t');
+  std::fclose(f);
+  return ch == '{';
+}
+
 // vllm-turboquant allocations: the preset the decisions spell, the layers kept in BF16 and the key
 // codebook the preset's Lloyd-Max keys decode with (vLLM's solve_lloyd_max at the head dim).
 struct VllmTqView {
@@ -467,7 +479,7 @@ std::string alloc_summary_text(const AllocFile& a, const std::string& path, cons
 InspectResult run_inspect(const InspectOptions& o, std::FILE* out) {
   InspectResult r;
   if (o.files.empty() || o.files.size() > 2)
-    throw Error("", "FILE", "give one calibration or allocation file, or two allocation files to compare");
+    throw Error("", "FILE", "give one calibration, allocation or probe file, or two allocation files to compare");
   for (const auto& f : o.files)
     if (!fs::exists(f)) throw Error(f, "", "no such file");
   if (!o.plots_dir.empty()) {
@@ -477,6 +489,51 @@ InspectResult run_inspect(const InspectOptions& o, std::FILE* out) {
     if (o.summary && out) std::fputs(s.c_str(), out);
   };
   const std::string dir = o.plots_dir.empty() ? "" : (fs::path(o.plots_dir) / "").string();
+
+  // A probe file (kvq-probe's JSON): its per-layer table, the figure, the file as JSON.
+  if (o.files.size() == 1 && is_probe_file(o.files[0])) {
+    r.kind = "probe";
+    if (!o.calib.empty()) throw Error("", "--calib", "only for allocation files (the input is a probe file)");
+    const std::string& path = o.files[0];
+    const ProbeFile pf = read_probe(path);
+    Table t;
+    t.header = {"candidate"};
+    t.left = {true};
+    for (int l = 0; l < pf.n_layers; ++l) {
+      t.header.push_back("L" + std::to_string(l));
+      t.left.push_back(false);
+    }
+    t.header.push_back("sum");
+    t.left.push_back(false);
+    for (const auto& st : pf.settings) {
+      std::vector<std::string> row = {st.name};
+      double sum = 0;
+      for (double v : st.kl) row.push_back(fmt(v, 3)), sum += v;
+      row.push_back(fmt(sum, 4));
+      t.add(row);
+    }
+    std::string s = std::string(kProbeFormat) + " v" + std::to_string(kProbeVersion) + "  " + path + "\n";
+    s += "  model        " + pf.model_path + " (config sha256 " + short_hash(pf.model_config_sha256) + "), " +
+         std::to_string(pf.n_layers) + " layers\n";
+    s += "  calibration  " + pf.calib_path + " (sha256 " + short_hash(pf.calib_sha256) + "), first " +
+         std::to_string(pf.windows) + " windows x " + std::to_string(pf.seq_len) + " tokens, " +
+         std::to_string(pf.positions) + " positions scored\n";
+    s += "  candidates   " + pf.candidates + (pf.alloc_path.empty() ? "" : " (" + pf.alloc_path + ")") + "\n";
+    s += "  cost         " + std::to_string(pf.layer_forwards) + " layer forwards, " + fmt(pf.seconds, 3) +
+         " s; unquantized NLL " + fmt(pf.clean_nll, 5) + "\n";
+    if (pf.has_composite) {
+      double sum = 0;
+      for (double v : pf.settings.at(0).kl) sum += v;
+      s += "  composite    every layer at once: KL " + fmt(pf.composite_kl, 4) + ", dNLL " + fmt(pf.composite_dnll, 4) +
+           "; the layers' sum " + fmt(sum, 4) + ": additivity ratio " + fmt_fixed(sum > 0 ? pf.composite_kl / sum : 0.0, 3) + "\n";
+    }
+    s += "\nmean next-token KL (nats) with only that layer's K and V coded:\n" + t.to_text();
+    emit(s);
+    if (!o.json_out.empty()) write_json(json::parse(probe_json(pf).dump()), o.json_out, &r);
+    if (!o.csv_out.empty()) write_tables({t}, o.csv_out, &r);
+    if (!dir.empty()) add_files(&r, plot_probe(pf, dir + file_stem(path) + ".probe"));
+    return r;
+  }
 
   if (o.files.size() == 2) {
     r.kind = "comparison";

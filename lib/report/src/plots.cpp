@@ -410,4 +410,40 @@ std::vector<std::string> plot_compare(const AllocFile& a, const std::string& lab
   return outputs(stem);
 }
 
+std::vector<std::string> plot_probe(const ProbeFile& pf, const std::string& stem) {
+  const int L = pf.n_layers;
+  const int W = kProbeSize.width, H = kProbeSize.height;
+  // One colour per candidate: the two of the sides' figures, then greys and black.
+  const Color colors[] = {kBlue, kOrange, kDarkGrey, Color{0.15, 0.55, 0.25, 1}, Color{0.60, 0.20, 0.55, 1}, kGrey, kBlack};
+  std::vector<double> all;
+  for (const auto& s : pf.settings)
+    for (double v : s.kl) all.push_back(std::max(v, 1e-12));
+  render(stem, W, H, [&](cairo_t* cr) {
+    Panel p(cr, 0, 8, W, H - 8, 24);
+    p.x_axis({-0.5, L - 0.5, false, "layer (only this layer's K and V coded)", index_ticks(L), false});
+    p.y_axis(log_axis(all, "mean next-token KL vs the unquantized forward (nats, log scale)", 0.25));
+    std::string sub = std::to_string(pf.windows) + " calibration windows × " + std::to_string(pf.seq_len) + " tokens; " +
+                      base_name(pf.model_path);
+    if (pf.has_composite) {
+      double sum = 0;
+      for (double v : pf.settings.at(0).kl) sum += v;
+      sub += "; every layer at once: KL " + fmt(pf.composite_kl) + " (the layers' sum " + fmt(sum) + ")";
+    }
+    p.frame("End-to-end probe (" + pf.candidates + "): what coding each layer costs the output", sub);
+    std::vector<double> xs;
+    for (int l = 0; l < L; ++l) xs.push_back(l);
+    std::vector<LegendEntry> lg;
+    for (size_t i = 0; i < pf.settings.size(); ++i) {
+      const Color col = colors[i % (sizeof(colors) / sizeof(colors[0]))];
+      std::vector<double> ys;
+      for (double v : pf.settings[i].kl) ys.push_back(std::max(v, 1e-12));
+      p.line(xs, ys, col, 2);
+      for (int l = 0; l < L; ++l) p.marker(xs[size_t(l)], ys[size_t(l)], col, 3, Mark::kDot);
+      lg.push_back({pf.settings[i].name, col, Mark::kDot});
+    }
+    p.legend(lg, Corner::kTopRight);
+  });
+  return outputs(stem);
+}
+
 }  // namespace kvq::report

@@ -7,6 +7,7 @@
 
 #include "kvq/io/alloc_file.hpp"
 #include "kvq/io/calib_file.hpp"
+#include "kvq/io/probe_file.hpp"
 #include "kvq/report/summary.hpp"
 
 namespace kvq::report {
@@ -19,6 +20,7 @@ inline constexpr PlotSize kEnergySize{1000, 600};
 inline constexpr PlotSize kCobraSize{1200, 820};
 inline constexpr PlotSize kEigenSize{1000, 600};
 inline constexpr PlotSize kCompareSize{1100, 820};
+inline constexpr PlotSize kProbeSize{1000, 600};
 
 // (a) Allocator fingerprint: per side, one stacked column per layer with the share of head
 // dimensions at each width (1 b red -> 8 b green, 0 b = not stored, grey); mean bits on top.
@@ -45,5 +47,9 @@ std::vector<std::string> plot_eigen(const CalibFile& c, const AllocFile* a, int 
 // Comparison: code bits per token per layer, A beside B, with the bits B gains / loses.
 std::vector<std::string> plot_compare(const AllocFile& a, const std::string& label_a, const AllocFile& b,
                                       const std::string& label_b, const Comparison& cmp, const std::string& stem);
+
+// (g) A probe file (kvq-probe): per layer, the end-to-end KL of each candidate coding of that layer
+// alone (log scale), one line per candidate; with an allocation probe, the composite as a note.
+std::vector<std::string> plot_probe(const ProbeFile& p, const std::string& stem);
 
 }  // namespace kvq::report
