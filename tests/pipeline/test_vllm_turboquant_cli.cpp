@@ -341,6 +341,14 @@ TEST(VllmTurboQuantCli, ProbeFileDrivesTheChoice) {
               temp_path("y.kvqprobe.json"));
   EXPECT_EQ(r.status, 2);
   EXPECT_NE(r.err.find("--candidates allocation needs --alloc"), std::string::npos) << r.err;
+  // The windows come from the corpus the calibration records: moved away, one line saying so.
+  fs::rename(dir + "/c.txt", dir + "/c.txt.away");
+  r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + cal + " --out " + temp_path("z.kvqprobe.json"));
+  fs::rename(dir + "/c.txt.away", dir + "/c.txt");
+  EXPECT_EQ(r.status, 2);
+  EXPECT_NE(r.err.find("cannot re-read the calibration windows: calibration corpus file"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(run kvq-probe where calib-capture ran)"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
   // kvq-probe refuses a calibration of another model, naming the calibration file.
   r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + other_cal + " --out " + temp_path("x.kvqprobe.json"));
   EXPECT_EQ(r.status, 2);

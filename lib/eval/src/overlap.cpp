@@ -23,28 +23,28 @@ uint64_t hash_run(const int32_t* p, int n) {
 
 }  // namespace
 
-std::vector<int32_t> calibration_stream(const CalibFile& c, const std::string& calib_path) {
+std::vector<int32_t> calibration_stream(const CalibFile& c, const std::string& calib_path, const std::string& purpose,
+                                        const std::string& hint) {
   const CalibProvenance& p = c.prov;
   if (p.corpus.empty()) throw Error(calib_path, "provenance.corpus", "records no corpus files");
   auto tok = [&] {
     if (!std::filesystem::is_regular_file(p.tokenizer_path))
       throw Error(calib_path, "provenance.tokenizer_path",
-                  "cannot check overlap: the calibration tokenizer " + p.tokenizer_path + " is missing");
+                  purpose + ": the calibration tokenizer " + p.tokenizer_path + " is missing");
     return Tokenizer::load(p.tokenizer_path);
   }();
   if (tok->sha256() != p.tokenizer_sha256)
     throw Error(calib_path, "provenance.tokenizer_sha256",
-                "cannot check overlap: " + p.tokenizer_path + " changed since calibration");
+                purpose + ": " + p.tokenizer_path + " changed since calibration");
   CorpusText all;
   for (const auto& f : p.corpus) {
     if (!std::filesystem::is_regular_file(f.path))
       throw Error(calib_path, "provenance.corpus",
-                  "cannot check overlap: calibration corpus file " + f.path +
-                      " is missing (run where calib-capture ran, or leave out --calib)");
+                  purpose + ": calibration corpus file " + f.path + " is missing (" + hint + ")");
     CorpusText one = read_corpus({f.path}, f.replaced_bytes > 0);
     if (one.files[0].sha256 != f.sha256)
       throw Error(calib_path, "provenance.corpus",
-                  "cannot check overlap: calibration corpus file " + f.path + " changed since calibration");
+                  purpose + ": calibration corpus file " + f.path + " changed since calibration");
     all.files.push_back(one.files[0]);
     all.texts.push_back(std::move(one.texts[0]));
   }
@@ -52,7 +52,7 @@ std::vector<int32_t> calibration_stream(const CalibFile& c, const std::string& c
   std::vector<int32_t> s = tokenize_corpus(all, [&](const std::string& x) { return tok->encode(x, mode, nullptr); });
   if (int64_t(s.size()) != p.n_tokens_corpus)
     throw Error(calib_path, "provenance.n_tokens_corpus",
-                "cannot check overlap: re-tokenizing the corpus gives " + std::to_string(s.size()) +
+                purpose + ": re-tokenizing the corpus gives " + std::to_string(s.size()) +
                     " tokens, the calibration recorded " + std::to_string(p.n_tokens_corpus));
   return s;
 }

@@ -47,7 +47,8 @@ ProbeFile run_probe(const ProbeRunOptions& o) {
     throw Error(o.model, "head_dim", why + ": vLLM's TurboQuant refuses this model");
 
   // The windows: the recorded prefix + seq_len - |prefix| corpus tokens from each window's offset.
-  const std::vector<int32_t> stream = calibration_stream(c, o.calib);
+  const std::vector<int32_t> stream =
+      calibration_stream(c, o.calib, "cannot re-read the calibration windows", "run kvq-probe where calib-capture ran");
   const std::vector<int> prefix = c.prov.window_prefix_or(cfg.bos_id);
   const int64_t slot = int64_t(c.prov.seq_len) - int64_t(prefix.size());
   const size_t n = std::min(size_t(o.windows), c.calib_offsets.size());

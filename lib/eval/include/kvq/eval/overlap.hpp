@@ -29,6 +29,10 @@ OverlapReport check_disjoint(const std::vector<int32_t>& text, const std::string
 
 // The calibration corpus as calib-capture tokenized it (files re-read; sha256 checked against the
 // provenance). Throws kvq::Error when a file is missing or changed, or the tokenizer differs.
-std::vector<int32_t> calibration_stream(const CalibFile& c, const std::string& calib_path);
+// purpose / hint: what the messages say (kvq-eval's overlap check by default; kvq-probe re-reads
+// its windows).
+std::vector<int32_t> calibration_stream(const CalibFile& c, const std::string& calib_path,
+                                        const std::string& purpose = "cannot check overlap",
+                                        const std::string& hint = "run where calib-capture ran, or leave out --calib");
 
 }  // namespace kvq
