@@ -20,7 +20,7 @@ demo = os.path.join(root, "data", "kvq-demo-llama")
 for f in sorted(os.listdir(golden)):
     if f.endswith(".kvqalloc.h5"): copy("alloc", os.path.join(golden, f))
 tiny = os.path.join(root, "tests", "fuzz", "seeds")
-for target in ("calib", "alloc", "tokenizer_json"):
+for target in ("calib", "alloc", "tokenizer_json", "probe"):
     d = os.path.join(tiny, target)
     for f in sorted(os.listdir(d)) if os.path.isdir(d) else []:
         copy(target, os.path.join(d, f))
