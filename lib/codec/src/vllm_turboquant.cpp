@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "kvq/codec/minifloat.hpp"
+#include "kvq/format/coding_kinds.hpp"
 #include "kvq/format/packed_layout.hpp"
 
 namespace kvq::vllm_tq {
@@ -51,13 +52,8 @@ std::string preset_names() {
   return s;
 }
 
-std::string unsupported_head_dim(int D) {
-  if (D < 8) return "head dim " + std::to_string(D) + " is under 8 (vLLM packs 3-bit codes 8 to a word)";
-  if (D > 256) return "head dim " + std::to_string(D) + " is over 256";
-  if ((D & (D - 1)) != 0)
-    return "head dim " + std::to_string(D) + " is not a power of two (vLLM's Hadamard rotation needs one, vLLM #41413)";
-  return "";
-}
+// The rule lives with the coding kind's layout checks (kvq/format/coding_kinds.hpp).
+std::string unsupported_head_dim(int D) { return kinds::vllm_tq_unsupported_head_dim(D); }
 
 SlotLayout slot_layout(Preset p, int D) {
   if (const std::string why = unsupported_head_dim(D); !why.empty()) throw std::invalid_argument(why);

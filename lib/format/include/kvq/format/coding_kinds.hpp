@@ -227,8 +227,8 @@ inline void minifloat_widths(const HeadDecision& dec, int head_dim, int* w) {
 
 // ---- vllm-turboquant: vLLM's TurboQuant cache, one side of the engine's slot ----
 
-// Why vLLM's TurboQuant cannot code head dim d (empty when it can) — the same rule as
-// kvq::vllm_tq::unsupported_head_dim (lib/codec), which test_vllm_tq_kind holds equal.
+// Why vLLM's TurboQuant cannot code head dim d (empty when it can); kvq::vllm_tq::unsupported_head_dim
+// (lib/codec) is this.
 inline std::string vllm_tq_unsupported_head_dim(int head_dim) {
   if (head_dim < 8) return "head dim " + std::to_string(head_dim) + " is under 8 (vLLM packs 3-bit codes 8 to a word)";
   if (head_dim > 256) return "head dim " + std::to_string(head_dim) + " is over 256";
