@@ -42,11 +42,13 @@ int main(int argc, char** argv) {
   app.add_flag("--resume", o.resume, "continue the file at --out from its last committed window");
   app.add_option("--windows", windows, "only calibration windows BEGIN:END of the plan (to merge later)");
   app.add_option("-o,--out", o.out, "output calibration file (.kvqcal.h5), written atomically");
-  std::string load = "stream", max_memory;
+  std::string load = "stream", max_memory, precision;
+  kvq::cli::add_precision(app, precision);
   auto* mem = app.add_option_group("Memory", "the layer-streamed forward (the statistics are the same bytes)");
   mem->add_option("--load", load,
                   "stream: the checkpoint stays mapped in its stored dtype, windows pass each layer in chunks "
-                  "(one fp32 layer at a time); whole: the whole model in fp32, one forward per batch")
+                  "(one layer at a time in the forward's precision); whole: the whole model in memory, one forward "
+                  "per batch")
       ->default_val("stream")
       ->check(CLI::IsMember({"stream", "whole"}));
   mem->add_option("--max-memory", max_memory,
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
       }
     }
     o.quiet = common.quiet;
+    o.precision = precision.empty() ? kvq::default_precision() : kvq::parse_precision(precision);
     kvq::set_threads(common.threads);
     try {
       kvq::run_capture(o, &ranks);

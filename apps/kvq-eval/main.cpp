@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 8));
   std::string load = "whole";
   app.add_option("--load", load,
-                 "whole: the model in fp32; stream: the checkpoint stays mapped and each window's forward converts "
+                 "whole: the whole model in memory; stream: the checkpoint stays mapped and each window's forward converts "
                  "one layer at a time (models whose fp32 weights do not fit; same figures)")
       ->default_val("whole")
       ->check(CLI::IsMember({"whole", "stream"}))
@@ -74,11 +74,14 @@ int main(int argc, char** argv) {
   app.add_option("--max-ppl-ratio", max_ppl_ratio, "CI gate: exit 1 when the allocation's perplexity / fp32's is above this")
       ->check(CLI::PositiveNumber);
   max_kl_opt->excludes(app.get_option("--no-kl"));
+  std::string precision;
+  kvq::cli::add_precision(app, precision);
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   o.quiet = common.quiet;
   return kvq::cli::run_main("kvq-eval", [&] {
     kvq::set_threads(common.threads);
+    o.precision = precision.empty() ? kvq::default_precision() : kvq::parse_precision(precision);
     o.kl = !no_kl;
     kvq::EvalReport r = kvq::run_eval(o);
     if (!common.quiet) std::fputs(kvq::format_eval_report(r).c_str(), stdout);

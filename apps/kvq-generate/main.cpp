@@ -24,13 +24,13 @@ int main(int argc, char** argv) {
   std::string load = "auto", max_memory;
   kvq::cli::add_model(app, model_path);
   app.add_option("--load", load,
-                 "whole: the model in fp32; stream: the checkpoint stays mapped and every forward converts one "
+                 "whole: the whole model in memory; stream: the checkpoint stays mapped and every forward converts one "
                  "layer at a time (each generated token converts every layer again: slow, little memory); "
-                 "auto: whole when the fp32 model fits --max-memory, else stream (logged)")
+                 "auto: whole when the model (in --precision) fits --max-memory, else stream (logged)")
       ->default_val("auto")
       ->check(CLI::IsMember({"auto", "whole", "stream"}));
   app.add_option("--max-memory", max_memory,
-                 "memory the fp32 model may take with --load whole/auto (6G, 1500M, bytes; default 80% of the "
+                 "memory the model may take with --load whole/auto (6G, 1500M, bytes; default 80% of the "
                  "available memory)");
   app.add_option("--tokenizer", tok_path, "tokenizer file (default: the model's own)");
   app.add_option("--prompt", prompt, "prompt text (BOS is prepended where the tokenizer adds one)")->default_val(prompt);
@@ -43,13 +43,16 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_out,
                  "write {prompt_ids, generated_ids, last_top10 (the prompt's last position: id, logit), "
                  "ppl_window_tokens, ppl_mean_nll} as JSON (atomically)");
+  std::string precision;
+  kvq::cli::add_precision(app, precision);
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-generate", [&] {
     kvq::set_threads(common.threads);
-    // The whole model in fp32 is checked against the memory before it is loaded: a model that does
-    // not fit is refused (whole) or streamed (auto), never killed by the kernel half-way.
-    const int64_t need = kvq::Model::whole_fp32_bytes(model_path);
+    const kvq::Precision prec = precision.empty() ? kvq::default_precision() : kvq::parse_precision(precision);
+    // The whole model (in the forward's precision) is checked against the memory before it is loaded:
+    // a model that does not fit is refused (whole) or streamed (auto), never killed by the kernel half-way.
+    const int64_t need = kvq::Model::whole_bytes(model_path, prec);
     const int64_t budget =
         max_memory.empty() ? kvq::default_memory_budget() : kvq::parse_memory_size(max_memory, "--max-memory");
     auto gib = [](int64_t b) {
@@ -60,13 +63,15 @@ int main(int argc, char** argv) {
     };
     bool stream = load == "stream";
     if (!stream && need > budget) {
-      const std::string why = "the model takes " + gib(need) + " in fp32, more than the " + gib(budget) + " " +
+      const std::string why = "the model takes " + gib(need) + " in " + kvq::precision_name(prec) + ", more than the " +
+                              gib(budget) + " " +
                               (max_memory.empty() ? "(80% of the available memory)" : "--max-memory allows");
       if (load == "whole") throw kvq::Error(model_path, "--load", "whole: " + why + "; --load stream converts one layer at a time");
       spdlog::warn("{}: {}: streaming the layers (--load stream; every token converts each layer again)", model_path, why);
       stream = true;
     }
-    kvq::Model m = kvq::Model::load(model_path, kvq::Model::LoadOptions{stream});
+    kvq::Model m = kvq::Model::load(model_path, kvq::Model::LoadOptions{stream, prec});
+    spdlog::info("forward precision {}", kvq::precision_name(prec));
     auto tok = kvq::Tokenizer::load(tok_path.empty()
                                         ? kvq::Tokenizer::default_path_for_model(model_path, m.config().vocab_size)
                                         : tok_path);

@@ -34,16 +34,19 @@ int main(int argc, char** argv) {
       ->default_val(o.windows)
       ->check(CLI::Range(1, 1 << 20));
   std::string load = "whole";
-  app.add_option("--load", load, "whole: the model in fp32; stream: each forward converts one layer at a time")
+  app.add_option("--load", load, "whole: the whole model in memory; stream: each forward converts one layer at a time")
       ->default_val("whole")
       ->check(CLI::IsMember({"whole", "stream"}))
       ->each([&](const std::string& v) { o.stream = v == "stream"; });
   kvq::cli::add_out(app, out, "the probe file (.kvqprobe.json, schemas/probe.schema.json), written atomically");
+  std::string precision;
+  kvq::cli::add_precision(app, precision);
   KVQ_CLI_PARSE(app, argc, argv);
   kvq::cli::apply_common(common);
   o.quiet = common.quiet;
   return kvq::cli::run_main("kvq-probe", [&] {
     kvq::set_threads(common.threads);
+    o.precision = precision.empty() ? kvq::default_precision() : kvq::parse_precision(precision);
     kvq::OutputBatch outputs;
     const kvq::ProbeFile p = kvq::run_probe(o);
     kvq::write_file_atomically(out, kvq::probe_json(p).dump(1) + "\n");

@@ -17,10 +17,12 @@ namespace {
 const std::string kStories = KVQ_SHARED_DIR "/models/stories260K/stories260K.bin";
 const std::string kDemo = KVQ_SOURCE_DIR "/data/kvq-demo-llama";
 
-const kvq::Model* model(const std::string& path) {
-  static std::map<std::string, std::unique_ptr<kvq::Model>> cache;
-  auto& m = cache[path];
-  if (!m && std::filesystem::exists(path)) m = std::make_unique<kvq::Model>(kvq::Model::load(path));
+const kvq::Model* model(const std::string& path, kvq::Precision p) {
+  static std::map<std::pair<std::string, kvq::Precision>, std::unique_ptr<kvq::Model>> cache;
+  auto& m = cache[{path, p}];
+  kvq::Model::LoadOptions lo;
+  lo.precision = p;
+  if (!m && std::filesystem::exists(path)) m = std::make_unique<kvq::Model>(kvq::Model::load(path, lo));
   return m.get();
 }
 
@@ -36,8 +38,8 @@ struct NullObserver : kvq::CaptureObserver {
 };
 
 // args: batch, seq, logits (0/1), observer (0/1)
-void run(benchmark::State& state, const std::string& path) {
-  const kvq::Model* m = model(path);
+void run(benchmark::State& state, const std::string& path, kvq::Precision p = kvq::Precision::kFp32) {
+  const kvq::Model* m = model(path, p);
   if (!m) {
     state.SkipWithError(("missing " + path).c_str());
     return;
@@ -58,6 +60,9 @@ void run(benchmark::State& state, const std::string& path) {
 
 void BM_ForwardStories260K(benchmark::State& s) { run(s, kStories); }
 void BM_ForwardDemo(benchmark::State& s) { run(s, kDemo); }
+// The BF16 forward (--precision bf16) beside the fp32 one: the ratio of the two in one run.
+void BM_ForwardStories260KBf16(benchmark::State& s) { run(s, kStories, kvq::Precision::kBf16); }
+void BM_ForwardDemoBf16(benchmark::State& s) { run(s, kDemo, kvq::Precision::kBf16); }
 
 void args(benchmark::internal::Benchmark* b) {
   b->ArgNames({"B", "T", "logits", "observer"});
@@ -66,6 +71,8 @@ void args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_ForwardStories260K)->Apply(args);
 BENCHMARK(BM_ForwardDemo)->Apply(args);
+BENCHMARK(BM_ForwardStories260KBf16)->Apply(args);
+BENCHMARK(BM_ForwardDemoBf16)->Apply(args);
 
 }  // namespace
 

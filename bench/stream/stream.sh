@@ -4,7 +4,7 @@
 # SHAPE 1b | 8b | 70b (70b: a 2-layer checkpoint, per-layer figures); MODES "whole stream" (default)
 # or "stream". Writes the synthetic checkpoint under $KVQ_SYNTH_DIR (default build/synthetic) once,
 # then prints, per mode, wall seconds, peak RSS, tokens/s and the forward's GFLOP/s, followed by
-# this machine's fp32 GEMM rate (bench_gemm_peak) from the same run. Needs a built tree.
+# this machine's fp32 and BF16 GEMM rates (bench_gemm_peak) from the same run; extra flags after MODES (e.g. --precision bf16) go to calib-capture. Needs a built tree.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 bin=${KVQ_BUILD:-$root/build}/bin

@@ -4,8 +4,13 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <regex>
+
+#include <H5Cpp.h>
 
 #include "kvq/io/calib_file.hpp"
+#include "kvq/io/h5.hpp"
 #include "kvq/util/sha256.hpp"
 #include "run_cmd.hpp"
 #include "shared_data.hpp"
@@ -41,6 +46,13 @@ double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
   for (double x : b) scale = std::max(scale, std::fabs(x));
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(a[i] - b[i]) / scale);
   return m;
+}
+
+// Whether the file's provenance text (the root's attribute) names `key` at all.
+bool read_text_attr_json_has(const std::string& path, const std::string& key) {
+  H5::H5File f(path, H5F_ACC_RDONLY);
+  H5::Group g = f.openGroup("/");
+  return h5::read_attr_str(path, g, "provenance").find("\"" + key + "\"") != std::string::npos;
 }
 
 }  // namespace
@@ -163,4 +175,84 @@ TEST(CaptureCli, BadInputsGiveOneLineAndNoFile) {
   auto r = test::run_cmd(capture_cmd(future, "--samples 2 --resume"));
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find(future), std::string::npos) << r.err;
+}
+
+// ---------------------------------------------------------------- --precision (issue 37)
+
+// --precision fp32 is the run the tests' environment (KVQ_PRECISION=fp32) gives, byte for byte,
+// and records nothing new (fp32 files keep the fields older files have); bf16 is recorded in the
+// provenance, moves the statistics by a BF16-sized amount, and is refused on resume against an
+// fp32 file (another arithmetic, other statistics).
+TEST(CaptureCli, PrecisionFlagRecordedAndFp32Unchanged) {
+  KVQ_REQUIRE_SHARED(kStories);
+  auto env = test::temp_path("p_env.kvqcal.h5"), flag = test::temp_path("p_flag.kvqcal.h5");
+  auto bf = test::temp_path("p_bf16.kvqcal.h5"), part = test::temp_path("p_part.kvqcal.h5");
+  for (const auto& p : {env, flag, bf, part}) fs::remove(p);
+  auto r = test::run_cmd("KVQ_PRECISION=fp32 " + capture_cmd(env, "--samples 4"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  r = test::run_cmd("KVQ_PRECISION=bf16 " + capture_cmd(flag, "--samples 4 --precision fp32"));  // the flag wins
+  ASSERT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(sha256_file(env), sha256_file(flag));
+  const CalibFile a = read_calib(flag);
+  EXPECT_EQ(a.prov.forward_precision, "fp32");
+  EXPECT_EQ(read_text_attr_json_has(flag, "forward_precision"), false);
+
+  r = test::run_cmd(capture_cmd(bf, "--samples 4 --precision bf16"));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const CalibFile b = read_calib(bf);
+  EXPECT_EQ(b.prov.forward_precision, "bf16");
+  EXPECT_EQ(read_text_attr_json_has(bf, "forward_precision"), true);
+  // The same windows; K's second moments within a few BF16 roundings of the fp32 ones, not equal.
+  EXPECT_EQ(a.calib_offsets, b.calib_offsets);
+  const double d = max_rel(b.moments.k.gram, a.moments.k.gram);
+  std::printf("K second moments, bf16 vs fp32: max rel diff %.3g\n", d);
+  EXPECT_GT(d, 1e-5);
+  EXPECT_LT(d, 0.05);
+
+  // Resume across precisions is refused, naming the field.
+  r = test::run_cmd("KVQ_TEST_KILL_AFTER_WINDOWS=2 " + capture_cmd(part, "--samples 6 --checkpoint-every 2 --precision bf16"));
+  ASSERT_TRUE(fs::exists(part));
+  r = test::run_cmd(capture_cmd(part, "--samples 6 --checkpoint-every 2 --resume --precision fp32"));
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.err.find("provenance.forward_precision"), std::string::npos) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+
+  // Bad values: the flag (CLI usage, exit 2) and the variable, one line each, no file.
+  for (const std::string& bad : {std::string("--precision fp16"), std::string("KVQ_PRECISION=half")}) {
+    auto out = test::temp_path("p_never.kvqcal.h5");
+    fs::remove(out);
+    const bool var = bad.rfind("KVQ_", 0) == 0;
+    r = test::run_cmd((var ? bad + " " : std::string()) + capture_cmd(out, "--samples 2 " + (var ? std::string() : bad)));
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_NE(r.err.find(var ? "KVQ_PRECISION" : "--precision"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(var ? "half" : "fp16"), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(out));
+  }
+  for (const auto& p : {env, flag, bf, part}) fs::remove(p);
+}
+
+// auto (the default without KVQ_PRECISION) is bf16 exactly when the kernel reports AVX512-BF16 or
+// AMX-BF16 for this CPU (/proc/cpuinfo's flags), and the tool says which it took.
+TEST(CaptureCli, AutoPrecisionFollowsTheCpuFlags) {
+  KVQ_REQUIRE_SHARED(kStories);
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  if (!cpuinfo) GTEST_SKIP() << "no /proc/cpuinfo";
+  std::string line;
+  bool bf16 = false;
+  while (std::getline(cpuinfo, line))
+    if (line.rfind("flags", 0) == 0) {
+      bf16 = line.find(" avx512_bf16") != std::string::npos || line.find(" amx_bf16") != std::string::npos;
+      break;
+    }
+  auto out = test::temp_path("p_auto.kvqcal.h5");
+  fs::remove(out);
+  const std::string cmd = capture_cmd(out, "--samples 2 --precision auto");
+  // Without -q, to read the line that names the precision.
+  auto r = test::run_cmd("env -u KVQ_PRECISION " + std::regex_replace(cmd, std::regex(" -q "), " "));
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string want = std::string("forward precision: ") + (bf16 ? "bf16" : "fp32");
+  EXPECT_NE(r.err.find(want), std::string::npos) << r.err;
+  EXPECT_EQ(read_calib(out).prov.forward_precision, bf16 ? "bf16" : "fp32");
+  fs::remove(out);
 }

@@ -36,23 +36,24 @@ std::string tiny(const std::string& family) {
   return dir;
 }
 
-void expect_stream_equals_whole(const std::string& model, const std::string& tag) {
+// `prec`: more flags for every run (--precision bf16: the BF16 forward, streamed = whole too).
+void expect_stream_equals_whole(const std::string& model, const std::string& tag, const std::string& prec = "") {
   const std::string whole = test::temp_path(tag + "_whole.kvqcal.h5");
-  auto r = test::run_cmd(capture(model, whole, "--samples 7 --batch 1 --load whole"));
+  auto r = test::run_cmd(capture(model, whole, "--samples 7 --batch 1 --load whole " + prec));
   ASSERT_EQ(r.status, 0) << r.err;
   const std::string want = sha256_file(whole);
   // Chunks of 1 and 3 windows (7 = 3 + 3 + 1: a short last chunk), all windows, and spilled.
   for (const std::string extra : {"--chunk 1", "--chunk 3", "", "--chunk 3 --spill", "--spill"}) {
     const std::string out = test::temp_path(tag + "_stream.kvqcal.h5");
     fs::remove(out);
-    r = test::run_cmd(capture(model, out, "--samples 7 --batch 1 " + extra));
+    r = test::run_cmd(capture(model, out, "--samples 7 --batch 1 " + extra + " " + prec));
     ASSERT_EQ(r.status, 0) << extra << ": " << r.err;
     EXPECT_EQ(sha256_file(out), want) << tag << " " << extra << ": streamed file differs from the whole-model one";
   }
   // Batches of 2 inside chunks of 4 (a batch loop's GEMM shapes, several batches per layer).
   const std::string whole2 = test::temp_path(tag + "_whole2.kvqcal.h5"), out2 = test::temp_path(tag + "_s2.kvqcal.h5");
-  ASSERT_EQ(test::run_cmd(capture(model, whole2, "--samples 7 --batch 2 --load whole")).status, 0);
-  r = test::run_cmd(capture(model, out2, "--samples 7 --batch 2 --chunk 4"));
+  ASSERT_EQ(test::run_cmd(capture(model, whole2, "--samples 7 --batch 2 --load whole " + prec)).status, 0);
+  r = test::run_cmd(capture(model, out2, "--samples 7 --batch 2 --chunk 4 " + prec));
   ASSERT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(sha256_file(out2), sha256_file(whole2)) << tag << " batch 2 chunk 4";
   CalibFile a = read_calib(whole2, false), b = read_calib(out2, false);
@@ -71,6 +72,16 @@ TEST(CaptureStream, EqualsWholeOnStories260K) {
 TEST(CaptureStream, EqualsWholeOnTheDemoModel) {
   KVQ_REQUIRE_SHARED("models/kvq-demo-llama/config.json");
   expect_stream_equals_whole(test::shared_path("models/kvq-demo-llama"), "demo");
+}
+
+// The BF16 forward: a streamed layer's weights converted to BF16 as the whole load converts them,
+// embedding rows rounded as the whole BF16 table holds them: the same bytes again.
+TEST(CaptureStream, Bf16StreamEqualsWhole) {
+  KVQ_REQUIRE_SHARED(kWiki);
+  expect_stream_equals_whole(std::string(KVQ_SOURCE_DIR) + "/data/kvq-demo-llama", "demo_bf16", "--precision bf16");
+  expect_stream_equals_whole(tiny("qwen3-moe"), "moe_bf16", "--precision bf16");
+  const CalibFile c = read_calib(test::temp_path("moe_bf16_whole.kvqcal.h5"), false);
+  EXPECT_EQ(c.prov.forward_precision, "bf16");
 }
 
 TEST(CaptureStream, EqualsWholeOnShardedBf16Checkpoints) {

@@ -403,3 +403,25 @@ TEST(EvalCli, StreamedLoadGivesTheSameFigures) {
     EXPECT_EQ(w["rows"][i]["tokens"], s["rows"][i]["tokens"]);
   }
 }
+
+// --precision bf16 (issue 37): both forwards in BF16, recorded in the report (which still
+// validates); the unquantized row's perplexity moves by a BF16-sized amount only (< 1 %), and the
+// allocation's cost over it (the ratio) stays within 1 % of the fp32 forward's.
+TEST(EvalCli, Bf16ForwardIsRecordedAndCloseToFp32) {
+  REQUIRE_TEXTS();
+  auto a2 = allocation("bg2", "--method block-gtq --bpd 2");
+  const std::string args = "--alloc " + a2 + " --text " + g_exodus + " --calib " + cal() + kFast;
+  json f = eval(args + " --precision fp32");
+  json b = eval(args + " --precision bf16");
+  ASSERT_FALSE(f.is_null());
+  ASSERT_FALSE(b.is_null());
+  validate_last_report(false);
+  EXPECT_FALSE(f.contains("forward_precision"));
+  EXPECT_EQ(b["forward_precision"], "bf16");
+  const double r32 = ppl(f, 1) / ppl(f, 0), r16 = ppl(b, 1) / ppl(b, 0);
+  std::printf("demo on Exodus: unquantized ppl fp32 %.4f bf16 %.4f; block-gtq 2 bpd ratio fp32 %.4f bf16 %.4f\n",
+              ppl(f, 0), ppl(b, 0), r32, r16);
+  EXPECT_NE(ppl(f, 0), ppl(b, 0)) << "BF16 is not in effect";
+  EXPECT_LT(std::fabs(ppl(b, 0) / ppl(f, 0) - 1), 0.01);
+  EXPECT_LT(std::fabs(r16 / r32 - 1), 0.01);
+}

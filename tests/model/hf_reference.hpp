@@ -89,6 +89,30 @@ struct Trace {
   std::vector<Vec> q, k, v;
 };
 
+// The BF16 emulation (bf16_bound.hpp): while on, every projection of forward() below — q/k/v, o,
+// the MLP's and the experts' gate/up/down; not the router, not the head — rounds its input and its
+// product to BF16 (nearest even) and adds the bias after, where kvq's --precision bf16 rounds. The
+// float64 reference of the BF16 forward: the same decisions (a top-k router sees the same scores to
+// fp32 accuracy), the rest in float64. Bf16Emulation turns it on for a scope.
+inline bool& emulate_bf16() {
+  static thread_local bool on = false;
+  return on;
+}
+// Negative controls of the emulation: leave one of its roundings out.
+struct Bf16Control {
+  bool skip_input = false, skip_product = false;
+};
+inline Bf16Control& bf16_control() {
+  static thread_local Bf16Control c;
+  return c;
+}
+struct Bf16Emulation {
+  Bf16Emulation() { emulate_bf16() = true; }
+  ~Bf16Emulation() { emulate_bf16() = false; }
+  Bf16Emulation(const Bf16Emulation&) = delete;
+  Bf16Emulation& operator=(const Bf16Emulation&) = delete;
+};
+
 namespace detail {
 
 inline void rms_norm(const double* x, const Vec& w, int n, double eps, double* out) {
@@ -108,14 +132,26 @@ inline void matvec(const Vec& W, const Vec& b, const double* x, int out, int in,
   }
 }
 
+// A projection of the forward: matvec, or under emulate_bf16() the input rounded to BF16, the
+// product rounded to BF16 and the bias added after, as kvq's BF16 forward does.
+inline void proj(const Vec& W, const Vec& b, const double* x, int out, int in, double* y) {
+  if (!emulate_bf16()) return matvec(W, b, x, out, in, y);
+  Vec xr(x, x + in);
+  if (!bf16_control().skip_input)
+    for (double& e : xr) e = hf::bf16_round(e);
+  matvec(W, {}, xr.data(), out, in, y);
+  for (int o = 0; o < out; ++o)
+    y[o] = (bf16_control().skip_product ? y[o] : hf::bf16_round(y[o])) + (b.empty() ? 0.0 : b[size_t(o)]);
+}
+
 inline double silu(double x) { return x / (1.0 + std::exp(-x)); }
 
 inline void swiglu(const Vec& gate, const Vec& up, const Vec& down, const double* x, int D, int I, double* y) {
   Vec g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
-  matvec(gate, {}, x, I, D, g.data());
-  matvec(up, {}, x, I, D, u.data());
+  proj(gate, {}, x, I, D, g.data());
+  proj(up, {}, x, I, D, u.data());
   for (int i = 0; i < I; ++i) g[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
-  matvec(down, {}, g.data(), D, I, y);
+  proj(down, {}, g.data(), D, I, y);
 }
 
 inline void rope(double* head, const Vec& inv_freq, double af, int64_t pos, bool adjacent = false) {
@@ -144,9 +180,9 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
   for (const Layer& L : m.layers) {
     for (int t = 0; t < T; ++t) {
       rms_norm(&x[size_t(t) * D], L.attn_norm, D, m.eps, h.data());
-      matvec(L.wq, L.bq, h.data(), H * hd, D, &q[size_t(t) * H * hd]);
-      matvec(L.wk, L.bk, h.data(), Hk * hd, D, &k[size_t(t) * Hk * hd]);
-      matvec(L.wv, L.bv, h.data(), Hk * hd, D, &v[size_t(t) * Hk * hd]);
+      proj(L.wq, L.bq, h.data(), H * hd, D, &q[size_t(t) * H * hd]);
+      proj(L.wk, L.bk, h.data(), Hk * hd, D, &k[size_t(t) * Hk * hd]);
+      proj(L.wv, L.bv, h.data(), Hk * hd, D, &v[size_t(t) * Hk * hd]);
       if (!L.q_norm.empty() && !opt.skip_qk_norm) {
         for (int hh = 0; hh < H; ++hh) {
           double* r = &q[(static_cast<size_t>(t) * H + hh) * hd];
@@ -197,7 +233,7 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
           for (int e = 0; e < hd; ++e) attn[size_t(hh) * hd + e] += p * vj[e];
         }
       }
-      matvec(L.wo, L.bo, attn.data(), D, H * hd, o.data());
+      proj(L.wo, L.bo, attn.data(), D, H * hd, o.data());
       if (sandwich) {
         rms_norm(o.data(), L.post_attn_norm, D, m.eps, tmp2.data());
         o.swap(tmp2);

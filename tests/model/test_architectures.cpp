@@ -11,6 +11,7 @@
 
 #include "kvq/util/error.hpp"
 
+#include "bf16_bound.hpp"
 #include "hf_reference.hpp"
 #include "hf_tiny.hpp"
 #include "kvq/model/model.hpp"
@@ -60,12 +61,39 @@ struct Fixture {
   test::TempDir dir;
   Model model;
 
-  explicit Fixture(const hf::Spec& s)
-      : spec(s), weights(hf::make_weights(s)), ref(ref::from_hf(s, weights)), model(load(s, weights, dir)) {}
+  explicit Fixture(const hf::Spec& s, Precision p = Precision::kFp32)
+      : spec(s), weights(hf::make_weights(s)), ref(ref::from_hf(s, weights)), model(load(s, weights, dir, p)) {}
 
-  static Model load(const hf::Spec& s, const hf::TensorMap& w, const test::TempDir& dir) {
+  static Model load(const hf::Spec& s, const hf::TensorMap& w, const test::TempDir& dir, Precision p) {
     hf::write_model(dir.str(), hf::make_config(s), w, 3);
-    return Model::load(dir.str());
+    Model::LoadOptions lo;
+    lo.precision = p;
+    return Model::load(dir.str(), lo);
+  }
+
+  // The BF16 forward (bf16_bound.hpp) on B windows of T seeded tokens: meets the emulated
+  // reference, and lies between the floor and the roundoff bound of the plain one.
+  void compare_bf16(int T, int B = 2, uint32_t seed = 11) {
+    std::vector<std::vector<int>> rows;
+    for (int b = 0; b < B; ++b) rows.push_back(seeded_ids(T, spec.vocab, seed + uint32_t(b)));
+    const at::Tensor logits = model.forward(to_tensor(rows));
+    double plain = 0;
+    for (int b = 0; b < B; ++b)
+      plain = std::max(plain, ref::rel_max_diff(row_logits(logits, b), ref::forward(ref, rows[size_t(b)])));
+    // The emulated check on six short prompts (bf16_bound.hpp).
+    std::vector<double> emulated;
+    for (uint32_t p = 0; p < 6; ++p) {
+      const std::vector<int> ids = seeded_ids(12, spec.vocab, 100 + p);
+      const ref::Vec got = row_logits(model.forward(to_tensor({ids})), 0);
+      ref::Bf16Emulation on;
+      emulated.push_back(ref::rel_max_diff(got, ref::forward(ref, ids)));
+    }
+    const double bound = test::bf16_logit_bound(spec.layers);
+    std::cout << "[ info ] " << spec.family << " BF16 vs the plain reference " << plain << " (bound " << bound << " = "
+              << test::bf16_roundings(spec.layers) << " u)\n";
+    test::expect_meets_emulated(emulated, spec.family);
+    EXPECT_LT(plain, bound);
+    EXPECT_GT(plain, test::kBf16Floor) << "BF16 is not in effect";
   }
 
   // kvq vs the reference on B windows of T seeded tokens; returns the worst relative difference and
@@ -520,6 +548,68 @@ TEST(Architectures, WholeFp32BytesIsTheCheckpointsElementsTimesFour) {
   }
   EXPECT_EQ(Model::whole_fp32_bytes(demo), bytes);
   EXPECT_THROW(Model::whole_fp32_bytes(demo + "/nope"), Error);
+}
+
+// ---------------------------------------------------------------- BF16 forward (issue 37)
+
+// Every family of this file in BF16 against its float64 reference: within the bound of
+// bf16_bound.hpp, above its floor, and the greedy continuation equal to the reference's.
+TEST(Bf16Forward, FamiliesWithinTheRoundoffBound) {
+  hf::Spec swa;
+  swa.family = "mistral";
+  swa.sliding_window = 5;
+  swa.hidden = 40;
+  swa.head_dim = 16;
+  swa.layers = 2;
+  swa.seed = 13;
+  hf::Spec qwen2 = qwen3_spec();
+  qwen2.family = "qwen2";  // q/k/v biases (fp32, added to the widened BF16 product)
+  qwen2.tied = false;
+  for (const hf::Spec& s : {qwen3_spec(), qwen3_moe_spec(), mixtral_spec(), swa, qwen2}) {
+    SCOPED_TRACE(s.family);
+    Fixture f(s, Precision::kBf16);
+    EXPECT_EQ(f.model.precision(), Precision::kBf16);
+    f.compare_bf16(s.family == "mistral" ? 40 : 20);
+    f.expect_same_greedy(6, 6);
+  }
+  // Negative controls: the emulation without the inputs' rounding, or without the products', is
+  // met by no prompt (the check sees where kvq rounds, not only how much).
+  Fixture f(qwen3_spec(), Precision::kBf16);
+  for (const bool input : {true, false}) {
+    double best = 1;
+    for (uint32_t p = 0; p < 6; ++p) {
+      const std::vector<int> ids = seeded_ids(12, f.spec.vocab, 100 + p);
+      const ref::Vec got = row_logits(f.model.forward(to_tensor({ids})), 0);
+      ref::Bf16Emulation on;
+      ref::bf16_control() = {input, !input};
+      best = std::min(best, ref::rel_max_diff(got, ref::forward(f.ref, ids)));
+      ref::bf16_control() = {};
+    }
+    std::cout << "[ info ] control: emulation without the " << (input ? "inputs'" : "products'")
+              << " rounding, best prompt " << best << "\n";
+    EXPECT_GT(best, 10 * test::kBf16EmulatedTol);
+  }
+}
+
+// BF16 keeps 2 bytes per GEMM weight: every 2-D tensor of the checkpoint except the MoE router
+// (which stays fp32); norms and biases 4 bytes.
+TEST(Bf16Forward, WholeBytesHalveTheGemmWeights) {
+  for (const hf::Spec& s : {qwen3_spec(), qwen3_moe_spec(), mixtral_spec()}) {
+    SCOPED_TRACE(s.family);
+    const hf::TensorMap w = hf::make_weights(s);
+    int64_t bytes = 0, fp32 = 0;
+    for (const auto& [name, t] : w) {
+      int64_t n = 1;
+      for (int64_t x : t.shape) n *= x;
+      const bool router = name.size() > 12 && name.compare(name.size() - 12, 12, ".gate.weight") == 0;
+      bytes += (t.shape.size() == 2 && !router ? 2 : 4) * n;
+      fp32 += 4 * n;
+    }
+    test::TempDir dir;
+    hf::write_model(dir.str(), hf::make_config(s), w, 3);
+    EXPECT_EQ(Model::whole_bytes(dir.str(), Precision::kBf16), bytes);
+    EXPECT_EQ(Model::whole_bytes(dir.str(), Precision::kFp32), fp32);
+  }
 }
 
 }  // namespace

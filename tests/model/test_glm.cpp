@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "bf16_bound.hpp"
 #include "hf_reference.hpp"
 #include "hf_tiny.hpp"
 #include "kvq/model/model.hpp"
@@ -80,13 +81,14 @@ struct Fixture {
   test::TempDir dir;
   Model model;
 
-  explicit Fixture(const hf::Spec& s, bool stream = false)
-      : spec(s), weights(hf::make_weights(s)), ref(ref::from_hf(s, weights)), model(load(s, weights, dir, stream)) {}
+  explicit Fixture(const hf::Spec& s, bool stream = false, Precision p = Precision::kFp32)
+      : spec(s), weights(hf::make_weights(s)), ref(ref::from_hf(s, weights)), model(load(s, weights, dir, stream, p)) {}
 
-  static Model load(const hf::Spec& s, const hf::TensorMap& w, const test::TempDir& dir, bool stream) {
+  static Model load(const hf::Spec& s, const hf::TensorMap& w, const test::TempDir& dir, bool stream, Precision p) {
     hf::write_model(dir.str(), hf::make_config(s), w, 3);
     Model::LoadOptions lo;
     lo.stream = stream;
+    lo.precision = p;
     return Model::load(dir.str(), lo);
   }
 
@@ -407,6 +409,34 @@ TEST(BadGlm, Table) {
     test::TempDir dir;
     hf::write_model(dir.str(), c, w, 2);
     test::expect_error([&] { Model::load(dir.str()); }, bc.parts);
+  }
+}
+
+
+// ---------------------------------------------------------------- BF16 forward (issue 37)
+
+// Every GLM-4 form in BF16 against the float64 references (bf16_bound.hpp): equal to the emulated
+// one, within the roundoff bound of the plain one and above its floor, the greedy continuation equal; streamed BF16 = whole BF16 bit for bit.
+TEST(Bf16Forward, GlmFormsWithinTheRoundoffBound) {
+  for (const char* fam : {"chatglm", "glm", "glm4"}) {
+    SCOPED_TRACE(fam);
+    const hf::Spec s = glm_spec(fam);
+    Fixture f(s, false, Precision::kBf16), streamed(s, true, Precision::kBf16);
+    double worst = 0;
+    std::vector<double> emulated;
+    for (uint32_t seed : {11u, 12u}) worst = std::max(worst, f.diff(f.ref, {}, "", 24, seed));
+    for (uint32_t seed = 100; seed < 106; ++seed) {  // the emulated check on six short prompts
+      ref::Bf16Emulation on;
+      emulated.push_back(f.diff(f.ref, {}, "", 12, seed));
+    }
+    std::cout << "[ info ] " << fam << " BF16 vs the plain reference " << worst << " (bound "
+              << test::bf16_logit_bound(s.layers) << ")\n";
+    test::expect_meets_emulated(emulated, fam);
+    EXPECT_GT(worst, test::kBf16Floor);
+    EXPECT_LT(worst, test::bf16_logit_bound(s.layers));
+    f.expect_same_greedy(6, 6);
+    const auto ids = seeded_ids(16, s.vocab, 3);
+    EXPECT_TRUE(at::equal(f.model.forward(to_tensor(ids)), streamed.model.forward(to_tensor(ids))));
   }
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
+#include "bf16_bound.hpp"
 #include "kvq/model/model.hpp"
 #include "kvq/tokenizer/tokenizer.hpp"
 #include "model_test_util.hpp"
@@ -143,6 +144,68 @@ TEST_F(DemoReference, PerplexityWindow) {
   const double nll = -logp.gather(1, target.unsqueeze(1)).mean().item<double>();
   EXPECT_NEAR(nll, ref["ppl_window_nll"].get<double>(), 1e-3);
   std::cout << "[ info ] window NLL " << nll << " (reference " << ref["ppl_window_nll"].get<double>() << ")\n";
+}
+
+// ---------------------------------------------------------------- BF16 forward (issue 37)
+// The two trained models in BF16 (bf16_bound.hpp): their fp32 weights rounded to BF16 once loaded,
+// the projections in BF16. The published sample and the reference's greedy ids are reproduced;
+// the demo's logits lie within the stated bound of the Python reference's.
+
+Model load_bf16(const std::string& path) {
+  Model::LoadOptions lo;
+  lo.precision = Precision::kBf16;
+  return Model::load(path, lo);
+}
+
+TEST(Bf16Forward, Stories260KGreedySampleIsThePublishedOne) {
+  KVQ_REQUIRE_SHARED(kStories);
+  const Model m = load_bf16(test::shared_path(kStories));
+  ASSERT_EQ(m.precision(), Precision::kBf16);
+  const std::vector<int> expected = {
+      403, 407, 261, 378, 432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338,
+      401, 396, 267, 337, 410, 408, 419, 292, 411, 322, 265, 282, 295, 433, 426, 385};
+  EXPECT_EQ(greedy(m, {m.config().bos_id}, 32), expected);
+  // The logits move (BF16 is in effect), within the bound, against the fp32 forward's.
+  const Model f = Model::load(test::shared_path(kStories));
+  const at::Tensor ids = ids_tensor(expected);
+  const at::Tensor a = m.forward(ids), b = f.forward(ids);
+  const double rel = (a - b).abs().max().item<double>() / b.abs().max().item<double>();
+  std::cout << "[ info ] stories260K BF16 vs fp32 max rel diff " << rel << " (bound " << test::bf16_logit_bound(5) << ")\n";
+  EXPECT_GT(rel, test::kBf16Floor);
+  EXPECT_LT(rel, test::bf16_logit_bound(5));
+}
+
+TEST(Bf16Forward, DemoWithinTheBoundOfTheReferenceAndSameGreedy) {
+  const Model m = load_bf16(kDemo);
+  const auto ref = nlohmann::json::parse(test::read_bytes(kDemo + "/reference.json"));
+  const auto prompt = ref["prompt_ids"].get<std::vector<int>>();
+  const at::Tensor last = m.forward(ids_tensor(prompt))[0][int64_t(prompt.size()) - 1];
+  // The reference's first 16 logits and its top 5: the largest |logit| among them is the scale.
+  const auto first16 = ref["last_logits_first16"].get<std::vector<double>>();
+  double worst = 0, scale = 0;
+  for (int i = 0; i < 16; ++i) {
+    worst = std::max(worst, std::abs(last[i].item<double>() - first16[size_t(i)]));
+    scale = std::max(scale, std::abs(first16[size_t(i)]));
+  }
+  for (int i = 0; i < 5; ++i) {
+    const int64_t id = ref["last_top5"][i][0].get<int64_t>();
+    const double want = ref["last_top5"][i][1].get<double>();
+    worst = std::max(worst, std::abs(last[id].item<double>() - want));
+    scale = std::max(scale, std::abs(want));
+  }
+  const double bound = test::bf16_logit_bound(4);
+  std::cout << "[ info ] demo BF16 max rel diff " << worst / scale << " (bound " << bound << ")\n";
+  EXPECT_GT(worst / scale, test::kBf16Floor);
+  EXPECT_LT(worst / scale, bound);
+  EXPECT_EQ(last.argmax().item<int64_t>(), ref["last_argmax"].get<int64_t>());
+  EXPECT_EQ(greedy(m, prompt, 32), ref["greedy_32_ids"].get<std::vector<int>>());
+  // The window NLL moves by a small fraction of a nat.
+  const auto ids = ref["ppl_window_ids"].get<std::vector<int>>();
+  at::Tensor logits = m.forward(ids_tensor(ids))[0];
+  at::Tensor logp = at::log_softmax(logits.narrow(0, 0, 256).to(at::kDouble), -1);
+  const double nll = -logp.gather(1, ids_tensor(ids).narrow(0, 1, 256).unsqueeze(1)).mean().item<double>();
+  std::cout << "[ info ] demo BF16 window NLL " << nll << " (reference " << ref["ppl_window_nll"].get<double>() << ")\n";
+  EXPECT_NEAR(nll, ref["ppl_window_nll"].get<double>(), 0.01);
 }
 
 }  // namespace

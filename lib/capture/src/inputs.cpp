@@ -51,6 +51,8 @@ void check_resumable(const std::string& out, const CalibFile& old, const CalibPr
     mismatch("provenance.tokenizer_sha256", p.tokenizer_sha256, want.tokenizer_sha256);
   if (p.special_tokens_mode != want.special_tokens_mode)
     mismatch("provenance.special_tokens_mode", p.special_tokens_mode, want.special_tokens_mode);
+  if (p.forward_precision != want.forward_precision)  // another arithmetic: other statistics
+    mismatch("provenance.forward_precision", p.forward_precision, want.forward_precision);
   if (p.corpus.size() != want.corpus.size())
     mismatch("provenance.corpus", std::to_string(p.corpus.size()) + " files", std::to_string(want.corpus.size()) + " files");
   for (size_t i = 0; i < p.corpus.size(); ++i)
@@ -92,7 +94,11 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
                                    std::to_string(o.batch_size));
   Model::LoadOptions lo;
   lo.stream = o.stream;
+  lo.precision = o.precision;
   auto in = std::make_unique<Inputs>(Model::load(o.model, lo));
+  spdlog::info("forward precision: {} ({})", precision_name(o.precision),
+               o.precision == Precision::kBf16 ? "BF16 GEMM weights and products, fp32 norms/attention/statistics"
+                                               : "every weight and GEMM in fp32");
   const ModelConfig& cfg = in->model.config();
   if (o.seq_len > cfg.max_seq_len)
     throw Error(o.model, "--seq-len",
@@ -175,6 +181,7 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   prov.seq_len = o.seq_len;
   prov.batch_size = o.batch_size;
   prov.reservoir_tokens = o.reservoir_tokens;
+  prov.forward_precision = precision_name(in->model.precision());
   prov.n_tokens_corpus = int64_t(in->stream.size());
   prov.created_unix = now_unix();
   if (o.stream) in->memory = plan_memory(*in, o);
@@ -233,13 +240,13 @@ MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
   MemoryPlan m;
   m.budget = o.max_memory > 0 ? o.max_memory : default_memory_budget();
   for (int l = 0; l < cfg.n_layers; ++l) {
-    const int64_t b = in.model.layer_fp32_bytes(l) + in.model.layer_stored_bytes(l);
+    const int64_t b = in.model.layer_bytes(l) + in.model.layer_stored_bytes(l);
     if (b > m.layer) m.layer = b, m.widest_layer = l;
   }
   const int64_t T = o.seq_len, L = cfg.n_layers;
   const int64_t row = int64_t(cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim * int64_t(sizeof(float));
   const int64_t n_win = int64_t(in.offsets.size());
-  m.scratch = Model::workspace_bytes(cfg, o.batch_size, T);
+  m.scratch = Model::workspace_bytes(cfg, o.batch_size, T, in.model.precision());
   // The file's payload held in memory: reservoir rows (at most the tokens there are), held-out
   // windows whole, and the moments (sums and second moments of K, V and each query group).
   const int64_t reservoir = std::min<int64_t>(o.reservoir_tokens, n_win * T) * L * row;
@@ -262,7 +269,8 @@ MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
   if (fixed > m.budget)
     throw Error(o.model, "--max-memory",
                 gib(m.budget) + " cannot hold one layer's pass: layer " + std::to_string(m.widest_layer) + " takes " +
-                    gib(m.layer) + " (fp32 " + gib(in.model.layer_fp32_bytes(m.widest_layer)) + " + stored " +
+                    gib(m.layer) + " (" + precision_name(in.model.precision()) + " " +
+                    gib(in.model.layer_bytes(m.widest_layer)) + " + stored " +
                     gib(in.model.layer_stored_bytes(m.widest_layer)) + "), a batch's scratch " + gib(m.scratch) +
                     ", the file's resident reservoir/held-out/moments " + gib(m.payload) + "; need at least " + gib(fixed));
   const int64_t B = o.batch_size;
@@ -273,10 +281,11 @@ MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
   if (m.chunk < B) m.chunk = all;  // spilling: the whole run's windows can share each layer
   if (o.checkpoint_every > 0)      // chunks end where the batch loop would write its checkpoints
     m.chunk = std::min(m.chunk, (int64_t(o.checkpoint_every) + B - 1) / B * B);
-  spdlog::info("memory plan: budget {}, layer {} {} (fp32 {} + stored {}), scratch {} (batch {} x {} tokens), "
+  spdlog::info("memory plan: budget {}, layer {} {} ({} {} + stored {}), scratch {} (batch {} x {} tokens), "
                 "payload {} resident ({} in files in --tmp-dir), hidden states {} per window, chunk {} windows{}, "
                 "expected peak {}",
-                gib(m.budget), m.widest_layer, gib(m.layer), gib(in.model.layer_fp32_bytes(m.widest_layer)),
+                gib(m.budget), m.widest_layer, gib(m.layer), precision_name(in.model.precision()),
+                gib(in.model.layer_bytes(m.widest_layer)),
                 gib(in.model.layer_stored_bytes(m.widest_layer)), gib(m.scratch), B, T, gib(m.payload),
                 gib(m.payload_in_file),
                 gib(m.per_window), m.chunk, m.spill ? " spilled to a file in --tmp-dir" : "", gib(m.peak()));

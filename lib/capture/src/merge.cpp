@@ -25,6 +25,8 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
     refuse("provenance.tokenizer_sha256", pa.tokenizer_sha256, pb.tokenizer_sha256);
   if (pa.special_tokens_mode != pb.special_tokens_mode)
     refuse("provenance.special_tokens_mode", pa.special_tokens_mode, pb.special_tokens_mode);
+  if (pa.forward_precision != pb.forward_precision)
+    refuse("provenance.forward_precision", pa.forward_precision, pb.forward_precision);
   if (pa.seq_len != pb.seq_len) refuse("provenance.seq_len", std::to_string(pa.seq_len), std::to_string(pb.seq_len));
   if (pa.v_dim() != pb.v_dim()) refuse("provenance.head_dim_v", std::to_string(pa.v_dim()), std::to_string(pb.v_dim()));
   if (pa.attn_scale() != pb.attn_scale())

@@ -66,6 +66,7 @@ std::string fingerprint(const CaptureOptions& o, const CalibProvenance& p) {
   line("provenance.model_config_sha256", p.model_config_sha256, o.model);
   line("provenance.tokenizer_sha256", p.tokenizer_sha256, p.tokenizer_path);
   line("provenance.special_tokens_mode", p.special_tokens_mode);
+  line("provenance.forward_precision", p.forward_precision);
   line("provenance.corpus", std::to_string(p.corpus.size()) + " files");
   for (size_t i = 0; i < p.corpus.size(); ++i)
     line("provenance.corpus[" + std::to_string(i) + "].sha256", p.corpus[i].sha256, p.corpus[i].path);

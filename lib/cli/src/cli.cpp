@@ -70,6 +70,15 @@ void add_match(CLI::App& app, std::string& match) {
       ->check(CLI::IsMember({"nominal", "effective"}));
 }
 
+void add_precision(CLI::App& app, std::string& precision) {
+  app.add_option("--precision", precision,
+                 "the forward's arithmetic: bf16 (GEMM weights kept in BF16, projections by BF16 GEMMs with fp32 "
+                 "accumulation; norms, RoPE, attention, softmax, router and statistics fp32), fp32 (every weight and "
+                 "GEMM fp32: the reference mode), or auto (bf16 when this CPU has AVX512-BF16 or AMX, else fp32). "
+                 "Default: $KVQ_PRECISION if set, else auto")
+      ->check(CLI::IsMember({"auto", "bf16", "fp32"}));
+}
+
 void apply_common(const Common& c) {
   auto logger = spdlog::stderr_color_mt("kvq");
   logger->set_pattern("[%^%l%$] %v");

@@ -48,6 +48,7 @@ EvalReport run_eval(const EvalOptions& o) {
   AllocFile a = read_alloc(o.alloc);
   Model::LoadOptions lo;
   lo.stream = o.stream;
+  lo.precision = o.precision;
   Model m = Model::load(o.model, lo);
   const ModelConfig& cfg = m.config();
   if (a.calib.model_config_sha256 != m.config_sha256())
@@ -98,6 +99,7 @@ EvalReport run_eval(const EvalOptions& o) {
   r.stride = o.stride > 0 ? o.stride : std::max(1, r.window / 2);
   r.policy = o.policy;
   r.match = o.match;
+  r.forward_precision = precision_name(o.precision);
 
   // Held-out check.
   std::vector<int32_t> cal;
@@ -230,20 +232,22 @@ nlohmann::json EvalReport::to_json() const {
     }
     rj.push_back(j);
   }
-  return {{"kind", "eval"},
-          {"eval_version", match == "effective" ? 2 : 1},  // 2: baseline_budget may be "effective"
-          {"model", model},
-          {"alloc", alloc},
-          {"text", text},
-          {"calib", calib},
-          {"text_tokens", text_tokens},
-          {"window", window},
-          {"stride", stride},
-          {"sink", policy.sink},
-          {"recent", policy.recent},
-          {"baseline_budget", match},
-          {"held_out_check", overlap},
-          {"rows", rj}};
+  nlohmann::json out = {{"kind", "eval"},
+                        {"eval_version", match == "effective" ? 2 : 1},  // 2: baseline_budget may be "effective"
+                        {"model", model},
+                        {"alloc", alloc},
+                        {"text", text},
+                        {"calib", calib},
+                        {"text_tokens", text_tokens},
+                        {"window", window},
+                        {"stride", stride},
+                        {"sink", policy.sink},
+                        {"recent", policy.recent},
+                        {"baseline_budget", match},
+                        {"held_out_check", overlap},
+                        {"rows", rj}};
+  if (forward_precision != "fp32") out["forward_precision"] = forward_precision;
+  return out;
 }
 
 static std::string fmt_kl(double v) {
@@ -260,6 +264,9 @@ std::string format_eval_report(const EvalReport& r) {
   s << "cache: every token's K/V coded once when written; full precision: first " << r.policy.sink
     << " positions (sink), last " << r.policy.recent << " entries per query (recent)\n";
   s << "held-out: " << r.overlap << "\n";
+  if (r.forward_precision != "fp32")
+    s << "forward: " << r.forward_precision << " (the row named fp32 is the unquantized " << r.forward_precision
+      << " forward; every figure compares forwards of the same arithmetic)\n";
   std::snprintf(buf, sizeof buf, "%-24s %9s %9s %9s %9s %9s %11s %9s %10s\n", "", "K bpd", "K eff", "V bpd", "V eff",
                 "NLL", "PPL", "vs fp32", "KL");
   s << buf;

@@ -27,6 +27,7 @@ ProbeFile run_probe(const ProbeRunOptions& o) {
                     " windows: an interrupted capture (finish it with calib-capture --resume)");
   Model::LoadOptions lo;
   lo.stream = o.stream;
+  lo.precision = o.precision;
   Model m = Model::load(o.model, lo);
   const ModelConfig& cfg = m.config();
   if (c.prov.model_config_sha256 != m.config_sha256())
@@ -122,6 +123,7 @@ ProbeFile run_probe(const ProbeRunOptions& o) {
   p.n_layers = cfg.n_layers;
   p.windows = int(windows.size());
   p.seq_len = c.prov.seq_len;
+  p.forward_precision = precision_name(m.precision());
   p.positions = r.positions;
   p.layer_forwards = r.layer_forwards;
   p.clean_nll = r.clean_nll;

@@ -62,6 +62,7 @@ std::string provenance_to_json(const CalibProvenance& p) {
   j["batch_size"] = p.batch_size;
   j["reservoir_tokens"] = p.reservoir_tokens;
   j["dtype"] = p.dtype;
+  if (p.forward_precision != "fp32") j["forward_precision"] = p.forward_precision;
   j["n_tokens_corpus"] = p.n_tokens_corpus;
   j["n_ranks"] = p.n_ranks;
   j["created_unix"] = p.created_unix;
@@ -218,6 +219,12 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
   get("batch_size", p.batch_size);
   get("reservoir_tokens", p.reservoir_tokens);
   get("dtype", p.dtype);
+  if (j.contains("forward_precision")) {
+    get("forward_precision", p.forward_precision);
+    if (p.forward_precision != "fp32" && p.forward_precision != "bf16")
+      throw Error(file, "provenance.forward_precision",
+                  json(p.forward_precision).dump() + " is neither \"fp32\" nor \"bf16\"");
+  }
   get("n_tokens_corpus", p.n_tokens_corpus);
   get("n_ranks", p.n_ranks);
   get("created_unix", p.created_unix);

@@ -19,6 +19,7 @@ nlohmann::ordered_json probe_json(const ProbeFile& p) {
   j["calibration"] = {{"path", p.calib_path}, {"sha256", p.calib_sha256}, {"content_digest", p.calib_digest}};
   j["windows"] = p.windows;
   j["seq_len"] = p.seq_len;
+  if (p.forward_precision != "fp32") j["forward_precision"] = p.forward_precision;
   j["positions"] = p.positions;
   j["clean_nll"] = p.clean_nll;
   j["cost"] = {{"layer_forwards", p.layer_forwards}, {"seconds", p.seconds}};
@@ -116,6 +117,11 @@ ProbeFile read_probe(const std::string& path) {
   p.calib_digest = str(path, c, "calibration", "content_digest");
   p.windows = int(integer(path, j, "", "windows", 1));
   p.seq_len = int(integer(path, j, "", "seq_len", 2));
+  if (j.contains("forward_precision")) {
+    p.forward_precision = str(path, j, "", "forward_precision");
+    if (p.forward_precision != "fp32" && p.forward_precision != "bf16")
+      throw Error(path, "forward_precision", "'" + p.forward_precision + "' is neither fp32 nor bf16");
+  }
   p.positions = integer(path, j, "", "positions", 1);
   p.clean_nll = number(path, j, "", "clean_nll");
   const auto& cost = at(path, j, "", "cost");

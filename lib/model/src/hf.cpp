@@ -34,8 +34,9 @@ namespace {
 // their fp32 layers here.
 class HfCheckpoint final : public LayerSource {
  public:
-  HfCheckpoint(const std::string& dir, const std::string& config_path, const ModelConfig& c, const Family& family)
-      : c_(c), family_(family), names_(family.global_names(c)) {
+  HfCheckpoint(const std::string& dir, const std::string& config_path, const ModelConfig& c, const Family& family,
+               Precision precision)
+      : c_(c), family_(family), names_(family.global_names(c)), precision_(precision) {
     // Where each tensor lives: one file, or the shard named by the index's weight_map.
     const std::string single = (fs::path(dir) / "model.safetensors").string();
     const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
@@ -102,6 +103,14 @@ class HfCheckpoint final : public LayerSource {
     decode_into(q->second, t);
     return t;
   }
+  // A GEMM weight (the embedding, the head) in the precision's dtype.
+  at::Tensor load_gemm(const std::string& name, const std::vector<int64_t>& shape) const {
+    if (precision_ == Precision::kFp32) return load(name, shape);
+    at::Tensor t = at::empty(shape, at::kBFloat16);
+    convert_into(name, t);
+    return t;
+  }
+  Precision precision() const { return precision_; }
 
   void build(int l, LayerWeights* out) const override {
     LayerWeights L;
@@ -156,18 +165,18 @@ class HfCheckpoint final : public LayerSource {
       at::parallel_for(0, N, 1, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) decode_rows(q->second, id[r], id[r] + 1, o + r * D);
       });
-      return out;
+      return round_rows(out);
     }
     const SafetensorsFile& f = file_of(name);
     at::parallel_for(0, N, std::max<int64_t>(1, 8192 / D), [&](int64_t b, int64_t e) {
       for (int64_t r = b; r < e; ++r) f.read_f32(name, id[r] * D, (id[r] + 1) * D, o + r * D);
     });
-    return out;
+    return round_rows(out);
   }
 
   at::Tensor lm_head() const override {
     const std::string& name = c_.tie_word_embeddings ? names_.embed : names_.lm_head;
-    at::Tensor t = load(name, {c_.vocab_size, c_.hidden_size});
+    at::Tensor t = load_gemm(name, {c_.vocab_size, c_.hidden_size});
     drop_stored(name);
     return t;
   }
@@ -200,6 +209,59 @@ class HfCheckpoint final : public LayerSource {
     quant_[name] = std::move(w);
   }
 
+  // BF16 precision: embedding rows as the whole load's BF16 table holds them (nearest even).
+  at::Tensor round_rows(const at::Tensor& rows) const {
+    return precision_ == Precision::kBf16 ? rows.to(at::kBFloat16).to(at::kFloat) : rows;
+  }
+
+  // Logical tensor `name` (stored plain or quantized) converted into dst, a contiguous fp32 or
+  // BF16 tensor of its elements. BF16 rounds each fp32 value to nearest even a block at a time: no
+  // fp32 copy of the whole tensor is made.
+  void convert_into(const std::string& name, const at::Tensor& dst) const {
+    auto q = quant_.find(name);
+    if (dst.scalar_type() == at::kFloat) {
+      if (q != quant_.end()) {
+        decode_into(q->second, dst);
+      } else {
+        const SafetensorsFile& f = file_of(name);
+        float* d = dst.data_ptr<float>();
+        at::parallel_for(0, dst.numel(), 1 << 16, [&](int64_t b, int64_t e) { f.read_f32(name, b, e, d + b); });
+      }
+      return;
+    }
+    KVQ_ASSERT(dst.scalar_type() == at::kBFloat16 && dst.is_contiguous());
+    c10::BFloat16* d = dst.data_ptr<c10::BFloat16>();
+    auto round = [](const std::vector<float>& buf, c10::BFloat16* out) {
+      for (size_t i = 0; i < buf.size(); ++i) out[i] = c10::BFloat16(buf[i]);  // nearest even
+    };
+    if (q != quant_.end()) {
+      const QuantWeight& w = q->second;
+      const int64_t cols = w.cols(), rows_per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, cols));
+      KVQ_ASSERT(dst.numel() == w.rows() * cols);
+      at::parallel_for(0, w.rows(), rows_per, [&](int64_t b, int64_t e) {
+        std::vector<float> buf;
+        for (int64_t r = b; r < e; r += rows_per) {
+          const int64_t re = std::min(e, r + rows_per);
+          buf.resize(size_t((re - r) * cols));
+          decode_rows(w, r, re, buf.data());
+          round(buf, d + r * cols);
+        }
+      });
+      return;
+    }
+    const SafetensorsFile& f = file_of(name);
+    constexpr int64_t kBlock = int64_t(1) << 14;
+    at::parallel_for(0, dst.numel(), 1 << 16, [&](int64_t b, int64_t e) {
+      std::vector<float> buf;
+      for (int64_t i = b; i < e; i += kBlock) {
+        const int64_t ie = std::min(e, i + kBlock);
+        buf.resize(size_t(ie - i));
+        f.read_f32(name, i, ie, buf.data());
+        round(buf, d + i);
+      }
+    });
+  }
+
   // Dequantizes w into dst (its [rows, cols] view), rows in parallel.
   static void decode_into(const QuantWeight& w, const at::Tensor& dst) {
     KVQ_ASSERT(dst.is_contiguous() && dst.numel() == w.rows() * w.cols());
@@ -217,21 +279,15 @@ class HfCheckpoint final : public LayerSource {
     for (const WantTensor& p : s.parts) total += p.shape[0];
     std::vector<int64_t> shape = s.parts[0].shape;
     shape[0] = total;
-    at::Tensor t = dst.defined() && dst.is_contiguous() && dst.scalar_type() == at::kFloat && dst.sizes() == at::IntArrayRef(shape)
+    const at::ScalarType dtype = slot_dtype(s, precision_);
+    at::Tensor t = dst.defined() && dst.is_contiguous() && dst.scalar_type() == dtype && dst.sizes() == at::IntArrayRef(shape)
                        ? dst
-                       : at::empty(shape, at::kFloat);
+                       : at::empty(shape, dtype);
     int64_t at_row = 0;
     for (const WantTensor& p : s.parts) {
       at::Tensor rows = t.narrow(0, at_row, p.shape[0]);
       for (const std::string& n : stored_names(p.name)) file_of(n).prefault(n);
-      auto q = quant_.find(p.name);
-      if (q != quant_.end()) {
-        decode_into(q->second, rows);
-      } else {
-        const SafetensorsFile& f = file_of(p.name);
-        float* d = rows.data_ptr<float>();
-        at::parallel_for(0, rows.numel(), 1 << 16, [&](int64_t b, int64_t e) { f.read_f32(p.name, b, e, d + b); });
-      }
+      convert_into(p.name, rows);
       drop_stored(p.name);
       at_row += p.shape[0];
     }
@@ -261,17 +317,19 @@ class HfCheckpoint final : public LayerSource {
   TensorLookup lookup_;
   std::map<std::string, QuantWeight> quant_;  // the weights stored quantized, by logical name
   bool lazy_experts_ = false;
+  Precision precision_ = Precision::kFp32;
 };
 
 }  // namespace
 
-void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::string* config_sha256, bool stream) {
+void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::string* config_sha256, bool stream,
+             Precision precision) {
   const std::string config_path = (fs::path(dir) / "config.json").string();
   if (!fs::exists(config_path)) throw Error(dir, "config.json", "missing");
   *cfg = parse_hf_config(config_path);
   *config_sha256 = sha256_file(config_path);
   const ModelConfig& c = *cfg;
-  auto ckpt = std::make_shared<HfCheckpoint>(dir, config_path, c, *find_family(c.architecture));
+  auto ckpt = std::make_shared<HfCheckpoint>(dir, config_path, c, *find_family(c.architecture), precision);
   w->final_norm = ckpt->load(ckpt->names().final_norm, {c.hidden_size});
   if (stream) {
     ckpt->set_lazy_experts(true);
@@ -280,7 +338,7 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
   }
   // Whole model: every layer converted, each layer's stored pages dropped once it is (the peak is
   // the fp32 model plus one layer's stored bytes, not the fp32 model plus the whole checkpoint).
-  w->embed = ckpt->load(ckpt->names().embed, {c.vocab_size, c.hidden_size});
+  w->embed = ckpt->load_gemm(ckpt->names().embed, {c.vocab_size, c.hidden_size});
   ckpt->drop(ckpt->names().embed);
   w->layers.resize(c.n_layers);
   for (int l = 0; l < c.n_layers; ++l) {

@@ -3,8 +3,12 @@
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <dlfcn.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -13,6 +17,8 @@
 
 #include "kvq/util/error.hpp"
 #include "families/family.hpp"
+#include "llama2c_header.hpp"
+#include "mapped_file.hpp"
 #include "parts/decoder_layer.hpp"
 #include "parts/forward_kernels.hpp"
 #include "weights.hpp"
@@ -44,14 +50,24 @@ static std::string hf_dir_of(const std::string& path) {
   return "";
 }
 
-int64_t Model::whole_fp32_bytes(const std::string& path) {
+int64_t Model::whole_fp32_bytes(const std::string& path) { return whole_bytes(path, Precision::kFp32); }
+
+int64_t Model::whole_bytes(const std::string& path, Precision p) {
   const std::string dir = hf_dir_of(path);
   std::error_code ec;
-  if (dir.empty()) return int64_t(fs::file_size(path, ec));  // llama2.c: fp32 as stored
-  const ModelConfig c = detail::parse_hf_config(dir + "/config.json");
+  ModelConfig c;
+  if (dir.empty()) {
+    if (p == Precision::kFp32) return int64_t(fs::file_size(path, ec));  // llama2.c: fp32 as stored
+    std::string sha;
+    const MappedFile f(path);
+    c = llama2c_header_config(f, &sha);
+  } else {
+    c = detail::parse_hf_config(dir + "/config.json");
+  }
   int64_t bytes = int64_t(c.hidden_size) * int64_t(sizeof(float));  // final norm
-  for (int l = 0; l < c.n_layers; ++l) bytes += ::kvq::layer_fp32_bytes(c, l);
-  const int64_t table = int64_t(c.vocab_size) * int64_t(c.hidden_size) * int64_t(sizeof(float));
+  for (int l = 0; l < c.n_layers; ++l) bytes += ::kvq::layer_bytes(c, l, p);
+  const int64_t elem = p == Precision::kBf16 ? 2 : int64_t(sizeof(float));
+  const int64_t table = int64_t(c.vocab_size) * int64_t(c.hidden_size) * elem;
   return bytes + table * (c.tie_word_embeddings ? 1 : 2);
 }
 
@@ -60,8 +76,19 @@ Model Model::load(const std::string& path, const LoadOptions& lo) {
   Model m;
   m.w_ = std::make_unique<ModelWeights>();
   m.path_ = dir.empty() ? path : dir;
-  if (dir.empty()) detail::load_llama2c(path, &m.config_, m.w_.get(), &m.config_sha256_);
-  else detail::load_hf(dir, &m.config_, m.w_.get(), &m.config_sha256_, lo.stream);
+  m.precision_ = lo.precision;
+  m.w_->precision = lo.precision;
+  if (dir.empty()) {
+    detail::load_llama2c(path, &m.config_, m.w_.get(), &m.config_sha256_);
+    if (lo.precision == Precision::kBf16) {  // stored fp32: the GEMM weights rounded once loaded
+      for (LayerWeights& L : m.w_->layers) to_precision(L, lo.precision);
+      const bool tied = m.w_->lm_head.is_same(m.w_->embed);
+      m.w_->embed = m.w_->embed.to(at::kBFloat16);
+      m.w_->lm_head = tied ? m.w_->embed : m.w_->lm_head.to(at::kBFloat16);
+    }
+  } else {
+    detail::load_hf(dir, &m.config_, m.w_.get(), &m.config_sha256_, lo.stream, lo.precision);
+  }
   return m;
 }
 
@@ -94,6 +121,7 @@ Pass make_pass(const at::Tensor& ids, const ModelConfig& c, int64_t pos0, const 
   // The residual stream, a fresh copy of the embedding rows (gathered from the checkpoint when
   // streamed: the same fp32 values as the converted table's rows).
   at::Tensor e = w.source ? w.source->embed_rows(flat) : at::index_select(w.embed, 0, flat);
+  if (e.scalar_type() != at::kFloat) e = e.to(at::kFloat);  // a BF16 table's rows, widened
   if (hidden) {
     p.x = at::from_blob(hidden, {p.B * p.T, int64_t(c.hidden_size)}, at::kFloat);
     p.x.copy_(e);
@@ -155,7 +183,7 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
   if (!opts.logits) return at::Tensor();
   rms_norm(p.x, w_->final_norm, c.rms_norm_eps, ws.h);
   const at::Tensor head = w_->source ? w_->source->lm_head() : w_->lm_head;
-  return at::mm(ws.h, head.t()).view({B, T, c.vocab_size});
+  return head_logits(ws.h, head).view({B, T, c.vocab_size});
 }
 
 at::Tensor Model::forward_from(int first, const at::Tensor& ids_in, const float* hidden, const ForwardOptions& opts) const {
@@ -180,7 +208,7 @@ at::Tensor Model::forward_from(int first, const at::Tensor& ids_in, const float*
   if (!opts.logits) return at::Tensor();
   rms_norm(p.x, w_->final_norm, c.rms_norm_eps, ws.h);
   const at::Tensor head = w_->source ? w_->source->lm_head() : w_->lm_head;
-  return at::mm(ws.h, head.t()).view({B, T, c.vocab_size});
+  return head_logits(ws.h, head).view({B, T, c.vocab_size});
 }
 
 void Model::forward_chunk(const std::vector<ChunkBatch>& batches, const ChunkHooks& hooks) const {
@@ -219,9 +247,11 @@ bool Model::streamed() const { return w_->source != nullptr; }
 // Streamed, a MoE layer holds its routed experts in fp32 one at a time (hf.cpp's expert_source).
 int64_t Model::layer_fp32_bytes(int l) const { return ::kvq::layer_fp32_bytes(config_, l, streamed()); }
 
+int64_t Model::layer_bytes(int l) const { return ::kvq::layer_bytes(config_, l, precision_, streamed()); }
+
 int64_t Model::layer_stored_bytes(int l) const { return w_->source ? w_->source->stored_bytes(l) : 0; }
 
-int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
+int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T, Precision prec) {
   const int64_t N = B * T, H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim, dv = c.v_dim();
   // h, qkv, q, k, v, attn (Workspace's per-token buffers)
   int64_t f = N * (int64_t(c.hidden_size) + H * d + Hk * d + Hk * dv + H * dv);
@@ -245,16 +275,80 @@ int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T) {
   // The residual stream and one layer's transient products (the MLP's pre-activation copy, the
   // embedding gathered before it is copied).
   f += 2 * N * int64_t(c.hidden_size);
-  return f * int64_t(sizeof(float));
+  int64_t bytes = f * int64_t(sizeof(float));
+  if (prec == Precision::kBf16) {  // Workspace::bf16_in / bf16_out: the widest GEMM input and product
+    const int64_t D = c.hidden_size, I = any_dense ? int64_t(c.intermediate_size) : 0;
+    const int64_t Ie = any_moe ? int64_t(c.moe_intermediate_size) : 0, Is = int64_t(c.n_shared_experts) * Ie;
+    const int64_t qk = c.is_mla() ? c.qk_nope_head_dim + c.qk_rope_head_dim : 0;
+    const int64_t qkv = c.is_mla() ? (c.q_lora_rank > 0 ? c.q_lora_rank : H * qk) + c.kv_lora_rank + c.qk_rope_head_dim
+                                   : (H + 2 * Hk) * d;
+    const int64_t in = std::max({D, H * dv, I, Ie, Is, int64_t(c.q_lora_rank)});
+    const int64_t out = std::max({qkv, D, 2 * I, 2 * Ie, 2 * Is, H * qk});
+    bytes += N * (in + out) * 2;
+  }
+  return bytes;
 }
 
 int64_t layer_fp32_bytes(const ModelConfig& c, int l, bool one_expert) {
+  return layer_bytes(c, l, Precision::kFp32, one_expert);
+}
+
+int64_t layer_bytes(const ModelConfig& c, int l, Precision prec, bool one_expert) {
   // The family's plan of the layer's tensors (a llama2.c checkpoint has the Llama layout's).
   const TensorIndex none;
   const Family* f = find_family(c.architecture);
   LayerPlan p = f ? f->layer_plan(c, l, none) : llama_plan(c, l, none);
   if (one_expert) p.erase(std::remove_if(p.begin(), p.end(), [](const Slot& s) { return s.expert > 0; }), p.end());
-  return plan_fp32_bytes(p);
+  return plan_bytes(p, prec);
+}
+
+void to_precision(LayerWeights& L, Precision p) {
+  if (p != Precision::kBf16) return;
+  auto cast = [](at::Tensor& t) {
+    if (t.defined()) t = t.to(at::kBFloat16);
+  };
+  for (at::Tensor* t : {&L.wqkv, &L.wo, &L.w_gate_up, &L.w_down, &L.wq_b, &L.shared_gate_up, &L.shared_down}) cast(*t);
+  for (at::Tensor& t : L.expert_gate_up) cast(t);
+  for (at::Tensor& t : L.expert_down) cast(t);
+}
+
+const char* precision_name(Precision p) { return p == Precision::kBf16 ? "bf16" : "fp32"; }
+
+bool cpu_has_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, cx = 0, d = 0;
+  if (__get_cpuid_max(0, nullptr) < 7) return false;
+  __cpuid(1, a, b, cx, d);
+  if (!(cx & (1u << 27))) return false;  // OSXSAVE: XGETBV is usable
+  uint32_t xlo = 0, xhi = 0;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  (void)xhi;
+  const bool avx512_state = (xlo & 0xE6u) == 0xE6u;  // XMM, YMM, opmask, ZMM_Hi256, Hi16_ZMM
+  const bool amx_state = ((xlo >> 17) & 3u) == 3u;     // XTILECFG, XTILEDATA
+  __cpuid_count(7, 0, a, b, cx, d);
+  const bool amx_bf16 = (d >> 22) & 1u;
+  const unsigned max_sub = a;
+  bool avx512_bf16 = false;
+  if (max_sub >= 1) {
+    __cpuid_count(7, 1, a, b, cx, d);
+    avx512_bf16 = (a >> 5) & 1u;
+  }
+  return (avx512_bf16 && avx512_state) || (amx_bf16 && amx_state);
+#else
+  return false;
+#endif
+}
+
+Precision parse_precision(const std::string& s, const std::string& field) {
+  if (s == "bf16") return Precision::kBf16;
+  if (s == "fp32") return Precision::kFp32;
+  if (s.empty() || s == "auto") return cpu_has_bf16() ? Precision::kBf16 : Precision::kFp32;
+  throw Error("", field, "'" + s + "' is not a precision (bf16, fp32 or auto)");
+}
+
+Precision default_precision() {
+  const char* e = std::getenv("KVQ_PRECISION");
+  return parse_precision(e ? std::string(e) : std::string("auto"), "KVQ_PRECISION");
 }
 
 void apply_rope_windows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,

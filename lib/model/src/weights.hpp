@@ -1,5 +1,7 @@
 #pragma once
-// Internal: the fp32 weights of a Llama-family decoder and the per-format loaders that fill them.
+// Internal: the weights of a Llama-family decoder and the per-format loaders that fill them. In
+// Precision::kBf16 the GEMM weights (the 2-D projections: wqkv, wo, w_gate_up, w_down, experts,
+// shared experts, wq_b, embed and lm_head) are BF16; everything else is fp32 in both precisions.
 #include <ATen/ATen.h>
 
 #include <atomic>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "kvq/model/config.hpp"
+#include "kvq/model/model.hpp"
 
 namespace kvq {
 
@@ -46,20 +49,28 @@ struct LayerWeights {
 class LayerSource {
  public:
   virtual ~LayerSource() = default;
-  virtual void build(int layer, LayerWeights* out) const = 0;  // fresh fp32 tensors of the layer
+  virtual void build(int layer, LayerWeights* out) const = 0;  // fresh tensors of the layer (in its precision)
   virtual void release(int layer) const = 0;                   // drops the layer's stored pages
   virtual int64_t stored_bytes(int layer) const = 0;           // stored bytes mapped at once converting it
-  virtual at::Tensor embed_rows(const at::Tensor& ids) const = 0;  // ids [N] int64 -> [N, D] fp32
-  virtual at::Tensor lm_head() const = 0;                          // [V, D] fp32, fresh
+  // ids [N] int64 -> [N, D] fp32 (BF16-rounded values in kBf16, as the whole load's table rows)
+  virtual at::Tensor embed_rows(const at::Tensor& ids) const = 0;
+  virtual at::Tensor lm_head() const = 0;  // [V, D] fresh, fp32 or BF16 by the precision
 };
 
 // fp32 bytes of layer l's weights as LayerWeights holds them (one_expert: a streamed MoE layer,
 // its routed experts converted one at a time).
 int64_t layer_fp32_bytes(const ModelConfig& c, int l, bool one_expert = false);
+// The same in precision p (BF16: 2 bytes per GEMM weight element).
+int64_t layer_bytes(const ModelConfig& c, int l, Precision p, bool one_expert = false);
+
+// Converts a loaded layer's GEMM weights to BF16 (round to nearest even) when p is kBf16 (the
+// llama2.c loader's fp32 arrays; HF checkpoints convert each tensor as it is read).
+void to_precision(LayerWeights& L, Precision p);
 
 struct ModelWeights {
   // Set for a streamed model: then embed, lm_head and layers are empty (final_norm is kept).
   std::shared_ptr<const LayerSource> source;
+  Precision precision = Precision::kFp32;
   at::Tensor embed;       // [V, D]
   std::vector<LayerWeights> layers;
   at::Tensor final_norm;  // [D]
@@ -76,7 +87,7 @@ namespace detail {
 // HF directory: config.json + model.safetensors or model.safetensors.index.json.
 // stream: keep the checkpoint mapped and set w->source instead of converting every layer.
 void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::string* config_sha256,
-             bool stream = false);
+             bool stream = false, Precision precision = Precision::kFp32);
 // Parses and validates config.json alone (no weights); used by load_hf.
 ModelConfig parse_hf_config(const std::string& config_path);
 // llama2.c legacy (v0) checkpoint.

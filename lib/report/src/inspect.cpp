@@ -169,7 +169,7 @@ std::string calib_summary_text(const CalibFile& c, const std::string& path) {
   s += "  tokenizer    " + p.tokenizer_path + ", sha256 " + short_hash(p.tokenizer_sha256) + "\n";
   s += "  capture      " + std::to_string(c.windows_done) + " of " + std::to_string(c.calib_offsets.size()) +
        " calibration windows x " + std::to_string(p.seq_len) + " tokens" + (c.complete() ? "" : " (INCOMPLETE: resume it)") +
-       ", batch " + std::to_string(p.batch_size) + ", seed " + std::to_string(p.seed) + ", " + p.dtype + ", corpus " +
+       ", batch " + std::to_string(p.batch_size) + ", seed " + std::to_string(p.seed) + ", " + p.dtype + " (" + p.forward_precision + " forward), corpus " +
        std::to_string(p.n_tokens_corpus) + " tokens, " + std::to_string(p.n_ranks) + " rank(s)\n";
   s += "  held out     " + std::to_string(c.holdout_offsets.size()) + " windows (never in the statistics)\n";
   s += "  reservoir    " + std::to_string(c.reservoir.size()) + " rows kept of " + std::to_string(c.reservoir.seen) +

@@ -17,10 +17,7 @@ void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace
   if (c.is_mla()) {
     mla_project(c, L, ws);
   } else {
-    if (L.bqkv.defined())
-      at::addmm_out(ws.qkv, L.bqkv, ws.h, L.wqkv.t());
-    else
-      at::mm_out(ws.qkv, ws.h, L.wqkv.t());
+    linear(ws, ws.qkv, ws.h, L.wqkv, L.bqkv);
     ws.q.copy_(ws.qkv.narrow(1, 0, qd));
     ws.k.copy_(ws.qkv.narrow(1, qd, kvd));
     ws.v.copy_(ws.qkv.narrow(1, qd + kvd, kvd));
@@ -78,28 +75,28 @@ void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace
     attention(ws, B, T, c, c.window_of(l));
   const at::Tensor& o_in = c.is_mla() ? mla_output(c, L, ws) : ws.attn;
   if (L.post_attn_norm.defined()) {  // GLM-4-0414: x += norm(o_proj(attn)); ws.h is free here
-    at::mm_out(ws.h, o_in, L.wo.t());
+    linear(ws, ws.h, o_in, L.wo);
     if (L.bo.defined()) ws.h.add_(L.bo);
     rms_norm(ws.h, L.post_attn_norm, c.rms_norm_eps, ws.h);  // row-wise: read, then write
     x.add_(ws.h);
   } else {
     if (L.bo.defined()) x.add_(L.bo);
-    x.addmm_(o_in, L.wo.t());
+    linear_add(ws, x, o_in, L.wo);
   }
 
   rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
   if (L.router.defined()) {
     moe_mlp(ws, L, c, x);
   } else {
-    at::mm_out(ws.gate_up, ws.h, L.w_gate_up.t());
+    linear(ws, ws.gate_up, ws.h, L.w_gate_up);
     at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
     ws.act.mul_(ws.gate_up.narrow(1, I, I));
     if (L.post_mlp_norm.defined()) {  // x += norm(mlp(...)); ws.h was consumed by gate_up
-      at::mm_out(ws.h, ws.act, L.w_down.t());
+      linear(ws, ws.h, ws.act, L.w_down);
       rms_norm(ws.h, L.post_mlp_norm, c.rms_norm_eps, ws.h);
       x.add_(ws.h);
     } else {
-      x.addmm_(ws.act, L.w_down.t());
+      linear_add(ws, x, ws.act, L.w_down);
     }
   }
 }

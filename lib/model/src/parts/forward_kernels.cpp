@@ -86,6 +86,64 @@ void rope_rows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int h
   });
 }
 
+namespace {
+
+// A [rows, cols] BF16 view of the first rows * cols elements of buf, grown when too short.
+at::Tensor bf16_view(at::Tensor& buf, int64_t rows, int64_t cols) {
+  const int64_t n = rows * cols;
+  if (!buf.defined() || buf.numel() < n) {
+    buf = at::Tensor();  // the old buffer freed before the new one is taken
+    buf = at::empty({n}, at::kBFloat16);
+  }
+  return buf.narrow(0, 0, n).view({rows, cols});
+}
+
+// The BF16 product in · Wᵀ in ws.bf16_out ([N, out] view).
+at::Tensor bf16_product(Workspace& ws, const at::Tensor& in, const at::Tensor& W) {
+  const int64_t N = in.size(0);
+  at::Tensor in16 = bf16_view(ws.bf16_in, N, in.size(1));
+  in16.copy_(in);  // fp32 -> BF16, nearest even
+  at::Tensor out16 = bf16_view(ws.bf16_out, N, W.size(0));
+  at::mm_out(out16, in16, W.t());
+  return out16;
+}
+
+}  // namespace
+
+void linear(Workspace& ws, at::Tensor& out, const at::Tensor& in, const at::Tensor& W, const at::Tensor& b) {
+  if (W.scalar_type() == at::kFloat) {
+    if (b.defined())
+      at::addmm_out(out, b, in, W.t());
+    else
+      at::mm_out(out, in, W.t());
+    return;
+  }
+  out.copy_(bf16_product(ws, in, W));
+  if (b.defined()) out.add_(b);
+}
+
+void linear_add(Workspace& ws, at::Tensor& x, const at::Tensor& in, const at::Tensor& W) {
+  if (W.scalar_type() == at::kFloat) {
+    x.addmm_(in, W.t());
+    return;
+  }
+  x.add_(bf16_product(ws, in, W));
+}
+
+at::Tensor head_logits(const at::Tensor& h, const at::Tensor& head) {
+  if (head.scalar_type() == at::kFloat) return at::mm(h, head.t());
+  const int64_t N = h.size(0), V = head.size(0);
+  at::Tensor logits = at::empty({N, V}, at::kFloat);
+  constexpr int64_t kRows = 4096;  // 4096 x D fp32 at a time
+  at::Tensor block;
+  for (int64_t r = 0; r < V; r += kRows) {
+    const int64_t n = std::min(kRows, V - r);
+    block = head.narrow(0, r, n).to(at::kFloat);
+    logits.narrow(1, r, n).copy_(at::mm(h, block.t()));
+  }
+  return logits;
+}
+
 // out = x / rms(x) * w over the last dim of contiguous [N, D] tensors.
 void rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, at::Tensor& out) {
   const int64_t n = x.size(0), d = x.size(1);

@@ -44,6 +44,9 @@ struct Workspace {
   // MLA: q_a (q-LoRA's normed rank), q_full [N, H (nope + rope)], per-head [H, N, .] operands of the
   // W_UK / W_UV absorption, and o_in [N, H v] (o_proj's input).
   at::Tensor mla_qa, mla_q, mla_nope, mla_lat, mla_out, mla_o;
+  // BF16 precision: the GEMM operands rounded to BF16 and the BF16 products (flat, grown on first
+  // use to the largest product of the layers; linear() below).
+  at::Tensor bf16_in, bf16_out;
   int64_t batch = 0, seq = 0, chunk = 1, tb = 1;
 
   Workspace(const ModelConfig& c, int64_t B, int64_t T);
@@ -77,6 +80,17 @@ class WorkspaceLease {
   bool owned_;
   std::shared_ptr<Workspace> ws_;
 };
+
+// The projections of the forward. W is [out, in], fp32 or BF16 (ModelWeights' precision).
+// fp32 W: out = in · Wᵀ (+ b) in fp32, at::mm_out / addmm_out as before. BF16 W: `in` rounded to
+// BF16 (nearest even), LibTorch's BF16 GEMM (oneDNN: fp32 accumulation, a BF16 product), the product
+// widened into `out` and the fp32 bias added. in, out: contiguous fp32 [N, in] / [N, out].
+void linear(Workspace& ws, at::Tensor& out, const at::Tensor& in, const at::Tensor& W, const at::Tensor& b = {});
+// x += in · Wᵀ (fp32 W: x.addmm_ as before; BF16 W: the widened BF16 product added).
+void linear_add(Workspace& ws, at::Tensor& x, const at::Tensor& in, const at::Tensor& W);
+// The logits h · headᵀ [N, V] in fp32: a BF16 head is widened to fp32 a block of rows at a time,
+// so the logits are not rounded to BF16 (KL and perplexity read them).
+at::Tensor head_logits(const at::Tensor& h, const at::Tensor& head);
 
 // Causal attention of ws.q (post-RoPE, [B*T, H*d]) over ws.k ([B*T, Hkv*d]) and ws.v
 // ([B*T, Hkv*dv], dv = c.v_dim()) into ws.attn ([B*T, H*dv]), logits scaled by c.attn_scale().

@@ -126,6 +126,30 @@ int64_t plan_fp32_bytes(const LayerPlan& plan) {
   return n * int64_t(sizeof(float));
 }
 
+bool slot_is_gemm_weight(const Slot& s) {
+  if (s.parts.empty() || s.parts[0].shape.size() != 2) return false;
+  LayerWeights probe;  // which LayerWeights tensor the slot fills, by address
+  const at::Tensor* t = &s.dst(probe);
+  return t != &probe.router && t != &probe.w_kv_b;
+}
+
+at::ScalarType slot_dtype(const Slot& s, Precision p) {
+  return p == Precision::kBf16 && slot_is_gemm_weight(s) ? at::kBFloat16 : at::kFloat;
+}
+
+int64_t plan_bytes(const LayerPlan& plan, Precision p) {
+  int64_t n = 0;
+  for (const Slot& s : plan) {
+    const int64_t elem = at::elementSize(slot_dtype(s, p));
+    for (const WantTensor& t : s.parts) {
+      int64_t e = 1;
+      for (int64_t d : t.shape) e *= d;
+      n += e * elem;
+    }
+  }
+  return n;
+}
+
 void check_expert_count(const ModelConfig& c, const std::string& config_path, const TensorIndex& t,
                         const std::string& key, const std::function<ExpertNames(int layer, int expert)>& names) {
   const std::string stated = key + " is " + std::to_string(c.n_experts);

@@ -91,6 +91,13 @@ LayerPlan decoder_plan(const ModelConfig& c, int l, const LayerNames& n, const L
 std::vector<WantTensor> plan_tensors(const LayerPlan& plan);
 // fp32 bytes of the LayerWeights a plan fills.
 int64_t plan_fp32_bytes(const LayerPlan& plan);
+// Whether a slot is a GEMM weight (2-D, not the router or MLA's kv_b, which the forward multiplies
+// in fp32): BF16 in Precision::kBf16.
+bool slot_is_gemm_weight(const Slot& s);
+// The dtype a slot is converted to in precision p.
+at::ScalarType slot_dtype(const Slot& s, Precision p);
+// Bytes of the LayerWeights a plan fills in precision p.
+int64_t plan_bytes(const LayerPlan& plan, Precision p);
 
 // config.json's expert count (key `key`) against the tensors present: an expert numbered past the
 // count, or one missing, is a config/weights mismatch named as such.

@@ -12,11 +12,11 @@ void mla_project(const ModelConfig& c, const LayerWeights& L, Workspace& ws) {
   const int64_t N = ws.h.size(0), H = c.n_heads, R = c.kv_lora_rank, rope = c.qk_rope_head_dim;
   const int64_t nope = c.qk_nope_head_dim, qk = nope + rope, d = c.head_dim;
   const int64_t qrows = c.q_lora_rank > 0 ? c.q_lora_rank : H * qk;
-  at::mm_out(ws.qkv, ws.h, L.wqkv.t());  // [q (or q_a) | c | k_pe]
+  linear(ws, ws.qkv, ws.h, L.wqkv);  // [q (or q_a) | c | k_pe]
   if (c.q_lora_rank > 0) {
     ws.mla_qa.copy_(ws.qkv.narrow(1, 0, qrows));
     rms_norm(ws.mla_qa, L.q_a_norm, c.rms_norm_eps, ws.mla_qa);  // row-wise: read, then write
-    at::mm_out(ws.mla_q, ws.mla_qa, L.wq_b.t());
+    linear(ws, ws.mla_q, ws.mla_qa, L.wq_b);
   } else {
     ws.mla_q.copy_(ws.qkv.narrow(1, 0, qrows));
   }

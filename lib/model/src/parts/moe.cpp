@@ -153,19 +153,19 @@ void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Ten
     at::Tensor xe = ws.moe_x.narrow(0, 0, n), gu = ws.moe_gate_up.narrow(0, 0, n);
     at::Tensor act = ws.moe_act.narrow(0, 0, n), out = ws.moe_out.narrow(0, 0, n);
     at::index_select_out(xe, ws.h, 0, idx);
-    at::mm_out(gu, xe, gate_up_w.t());
+    linear(ws, gu, xe, gate_up_w);
     at::silu_out(act, gu.narrow(1, 0, Ie));
     act.mul_(gu.narrow(1, Ie, Ie));
-    at::mm_out(out, act, down_w.t());
+    linear(ws, out, act, down_w);
     out.mul_(we);
     x.index_add_(0, idx, out);
   }
   if (L.shared_gate_up.defined()) {  // DeepSeekMoE: x += shared(h), every token
     const int64_t Is = L.shared_down.size(1);
-    at::mm_out(ws.shared_gate_up, ws.h, L.shared_gate_up.t());
+    linear(ws, ws.shared_gate_up, ws.h, L.shared_gate_up);
     at::silu_out(ws.shared_act, ws.shared_gate_up.narrow(1, 0, Is));
     ws.shared_act.mul_(ws.shared_gate_up.narrow(1, Is, Is));
-    x.addmm_(ws.shared_act, L.shared_down.t());
+    linear_add(ws, x, ws.shared_act, L.shared_down);
   }
 }
 

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "kvq/model/model.hpp"
+
 namespace kvq {
 
 struct CaptureOptions {
@@ -36,6 +38,9 @@ struct CaptureOptions {
   // Where the streamed capture's temporary files go (the payload and spill files, unlinked at once);
   // empty: the directory of --out.
   std::string tmp_dir;
+  // The forward's arithmetic (kvq/model/model.hpp), recorded in the provenance. The library's
+  // default is fp32; calib-capture's is default_precision().
+  Precision precision = Precision::kFp32;
 };
 
 }  // namespace kvq

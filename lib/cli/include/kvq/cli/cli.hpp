@@ -30,6 +30,10 @@ void add_seed(CLI::App& app, uint64_t& seed);
 // --match nominal|effective: how a baseline's budget is chosen against the allocation's
 // (kvq-verify, kvq-eval; the library checks it again: alloc::check_match).
 void add_match(CLI::App& app, std::string& match);
+// --precision auto|bf16|fp32 for the tools that run the forward (calib-capture, kvq-eval,
+// kvq-generate, kvq-probe). `precision` stays empty when not given: the tool then takes
+// kvq::default_precision() ($KVQ_PRECISION, else auto).
+void add_precision(CLI::App& app, std::string& precision);
 
 // Applies -v/-q to spdlog (warnings and errors always reach stderr unless -q).
 void apply_common(const Common& c);

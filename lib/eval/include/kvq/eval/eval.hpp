@@ -34,6 +34,7 @@ struct EvalOptions {
   // Coded rows also report the end-to-end KL against the fp32 forward (kl_vs_fp32; one more forward
   // per batch): the unit the sensitivity issue's allocators and gates use.
   bool kl = true;
+  Precision precision = Precision::kFp32;  // both forwards' arithmetic (kvq-eval: default_precision())
 };
 
 struct EvalRow {
@@ -50,6 +51,7 @@ struct EvalReport {
   CachePolicy policy;
   std::string overlap;            // what the held-out check did
   std::string match = "nominal";  // how the baseline's budget was chosen (EvalOptions::match)
+  std::string forward_precision = "fp32";  // both forwards' arithmetic; in the JSON only when "bf16"
   std::vector<EvalRow> rows;      // fp32, allocation, baseline (when asked)
   nlohmann::json to_json() const;
 };

@@ -72,6 +72,7 @@ struct ProbeRunOptions {
   bool stream = false;
   bool quiet = false;
   int64_t max_batch_tokens = 8192;
+  Precision precision = Precision::kFp32;  // the forwards' arithmetic (kvq-probe: default_precision())
 };
 ProbeFile run_probe(const ProbeRunOptions& o);
 

@@ -69,6 +69,9 @@ struct CalibProvenance {
   int batch_size = 0;   // windows per forward batch; fixed so a resumed run reduces identically
   int reservoir_tokens = 0;
   std::string dtype = "float32";  // activations as captured
+  // The forward's arithmetic (calib-capture --precision): "fp32" or "bf16". Written only when bf16,
+  // so an fp32 capture keeps today's bytes; absent (older files, fp32 captures) reads as "fp32".
+  std::string forward_precision = "fp32";
   int64_t n_tokens_corpus = 0;
   int n_ranks = 1;
   int64_t created_unix = 0;  // from SOURCE_DATE_EPOCH when set; excluded from content digests

@@ -26,6 +26,7 @@ struct ProbeFile {
   std::string model_path, model_config_sha256;
   std::string calib_path, calib_sha256, calib_digest;  // the calibration whose windows were run
   int n_layers = 0, windows = 0, seq_len = 0;
+  std::string forward_precision = "fp32";  // the forwards' arithmetic; written only when "bf16"
   int64_t positions = 0, layer_forwards = 0;
   double clean_nll = 0, seconds = 0;
   std::vector<ProbeSetting> settings;

@@ -29,6 +29,26 @@ class ProtectedKv {
   int recent = 0;
 };
 
+// The forward's arithmetic. kFp32: every weight widened to fp32 and every GEMM in fp32 (what the
+// float64 reference tests check to 1e-4). kBf16: the GEMM weights kept in BF16 (a BF16 checkpoint as
+// shipped; FP8 / INT4 / MXFP4 ones dequantized to fp32 and rounded to BF16, as DeepSeek's
+// fp8_cast_bf16 does; fp32 ones rounded) and the projections' inputs rounded to BF16 for LibTorch's
+// BF16 GEMM (oneDNN, fp32 accumulation, BF16 result); the residual stream, norms, RoPE, attention,
+// softmax, the router and the lm_head's logits stay fp32 (the head's BF16 weights are widened a
+// block of rows at a time), so what a capture observes is fp32 arithmetic on BF16-rounded
+// projections.
+enum class Precision { kFp32, kBf16 };
+const char* precision_name(Precision p);  // "fp32" / "bf16"
+// True when this CPU multiplies BF16 natively: AVX512-BF16 or AMX-BF16 (CPUID), with the AVX-512
+// (or AMX tile) state enabled by the OS (XGETBV).
+bool cpu_has_bf16();
+// "bf16", "fp32" or "auto" (bf16 when cpu_has_bf16(), else fp32); an empty string is "auto".
+// Throws kvq::Error (field `field`) naming the value otherwise.
+Precision parse_precision(const std::string& s, const std::string& field = "--precision");
+// The --precision a tool uses when none is given: $KVQ_PRECISION if set (same spellings), else
+// "auto". Throws like parse_precision naming the variable.
+Precision default_precision();
+
 // A Llama-family decoder (Llama, Mistral, Qwen2, llama2.c) in LibTorch, inference only.
 class Model {
  public:
@@ -40,11 +60,15 @@ class Model {
   // and always loaded whole). Both loads compute the same fp32 values.
   struct LoadOptions {
     bool stream = false;
+    Precision precision = Precision::kFp32;  // the library's default; the tools' is default_precision()
   };
   static Model load(const std::string& path, const LoadOptions& lo);
   // Bytes of the whole model in fp32 (what load(path) holds), from config.json alone (a llama2.c
   // checkpoint is fp32 already: its size). Throws like load on a missing path or a bad config.
   static int64_t whole_fp32_bytes(const std::string& path);
+  // The same in the given precision: BF16 keeps 2 bytes per GEMM weight (norms, biases, routers and
+  // MLA's kv_b stay fp32).
+  static int64_t whole_bytes(const std::string& path, Precision p);
 
   Model(Model&&) noexcept;
   Model& operator=(Model&&) noexcept;
@@ -52,6 +76,7 @@ class Model {
 
   const ModelConfig& config() const { return config_; }
   const std::string& path() const { return path_; }
+  Precision precision() const { return precision_; }
   // sha256 of config.json (HF) or of the llama2.c header bytes: identifies the architecture.
   const std::string& config_sha256() const { return config_sha256_; }
 
@@ -95,13 +120,15 @@ class Model {
   // checkpoint (0 when loaded whole), and the scratch of one forward of B windows of T tokens. A
   // streamed MoE layer converts its routed experts one at a time: one expert's bytes count.
   int64_t layer_fp32_bytes(int l) const;
+  int64_t layer_bytes(int l) const;  // layer_fp32_bytes in the model's precision (what a lease holds)
   int64_t layer_stored_bytes(int l) const;
-  static int64_t workspace_bytes(const ModelConfig& c, int64_t B, int64_t T);
+  static int64_t workspace_bytes(const ModelConfig& c, int64_t B, int64_t T, Precision p = Precision::kFp32);
 
  private:
   Model();
   ModelConfig config_;
   std::string path_, config_sha256_;
+  Precision precision_ = Precision::kFp32;
   std::unique_ptr<ModelWeights> w_;
 };
 
