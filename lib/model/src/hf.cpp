@@ -8,6 +8,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -250,6 +251,15 @@ class HfCheckpoint final : public LayerSource {
       return;
     }
     const SafetensorsFile& f = file_of(name);
+    const StTensorInfo* info = f.find(name);
+    if (info && info->dtype == "BF16") {  // stored BF16: the bytes as shipped, no rounding to do
+      KVQ_ASSERT(int64_t(info->end - info->begin) == dst.numel() * 2);
+      const uint8_t* src = f.raw_bytes(name);
+      at::parallel_for(0, dst.numel(), 1 << 18, [&](int64_t b, int64_t e) {
+        std::memcpy(d + b, src + 2 * b, size_t(e - b) * 2);  // little-endian BF16 both sides
+      });
+      return;
+    }
     constexpr int64_t kBlock = int64_t(1) << 14;
     at::parallel_for(0, dst.numel(), 1 << 16, [&](int64_t b, int64_t e) {
       std::vector<float> buf;
