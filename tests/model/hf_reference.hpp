@@ -136,9 +136,8 @@ inline void matvec(const Vec& W, const Vec& b, const double* x, int out, int in,
 // product rounded to BF16 and the bias added after, as kvq's BF16 forward does.
 inline void proj(const Vec& W, const Vec& b, const double* x, int out, int in, double* y) {
   if (!emulate_bf16()) return matvec(W, b, x, out, in, y);
-  Vec xr(x, x + in);
-  if (!bf16_control().skip_input)
-    for (double& e : xr) e = hf::bf16_round(e);
+  Vec xr(static_cast<size_t>(in));
+  for (int i = 0; i < in; ++i) xr[size_t(i)] = bf16_control().skip_input ? x[i] : hf::bf16_round(x[i]);
   matvec(W, {}, xr.data(), out, in, y);
   for (int o = 0; o < out; ++o)
     y[o] = (bf16_control().skip_product ? y[o] : hf::bf16_round(y[o])) + (b.empty() ? 0.0 : b[size_t(o)]);

@@ -8,6 +8,7 @@
 // layers, an error bound nothing meets) is one line each.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <fstream>
@@ -325,7 +326,7 @@ TEST(VllmTurboQuantCli, ProbeFileDrivesTheChoice) {
   const std::string pa = temp_path("vllm_tq_alloc.kvqprobe.json");
   fs::remove(pa);
   r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + cal + " --candidates allocation --alloc " + a +
-              " --windows 3 --out " + pa);
+              " --windows 3 --precision fp32 --out " + pa);
   ASSERT_EQ(r.status, 0) << r.err;
   {
     const json j = json::parse(std::ifstream(pa));
@@ -335,6 +336,22 @@ TEST(VllmTurboQuantCli, ProbeFileDrivesTheChoice) {
     EXPECT_NEAR(j["composite"]["sum_of_layers_kl"].get<double>(), layers, 1e-12 * layers);
     EXPECT_NEAR(j["composite"]["additivity_ratio"].get<double>(), j["composite"]["kl"].get<double>() / layers, 1e-9);
     EXPECT_GT(j["composite"]["kl"].get<double>(), 0.0);
+    EXPECT_FALSE(j.contains("forward_precision"));  // fp32: the field is not written
+    // --precision bf16: recorded in the file; the allocation's composite KL measured by BF16
+    // forwards is of the fp32 forwards' size (this allocation is nearly lossless, KL ~1e-5, so the
+    // two forwards' own roundings move it by ~15 %; within a factor 1.5 either way).
+    const std::string pb = temp_path("vllm_tq_alloc_bf16.kvqprobe.json");
+    fs::remove(pb);
+    r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + cal + " --candidates allocation --alloc " + a +
+                " --windows 3 --precision bf16 --out " + pb);
+    ASSERT_EQ(r.status, 0) << r.err;
+    const json b = json::parse(std::ifstream(pb));
+    EXPECT_EQ(b["forward_precision"], "bf16");
+    const double k32 = j["composite"]["kl"].get<double>(), k16 = b["composite"]["kl"].get<double>();
+    std::printf("allocation composite KL: fp32 forwards %.6g, bf16 forwards %.6g\n", k32, k16);
+    EXPECT_NE(k16, k32);
+    EXPECT_LT(k16, 1.5 * k32);
+    EXPECT_GT(k16, k32 / 1.5);
   }
   refused("--probe " + pa + " --bpd 12", "not a probe of vllm-turboquant's candidates");
   r = run_cmd(bin("kvq-probe") + " -q --model " + dir + "/m --calib " + cal + " --candidates allocation --out " +
