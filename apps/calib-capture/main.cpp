@@ -101,7 +101,7 @@ int main(int argc, char** argv) {
       }
     }
     o.quiet = common.quiet;
-    o.precision = precision.empty() ? kvq::default_precision() : kvq::parse_precision(precision);
+    o.precision = kvq::resolve_precision(precision);
     kvq::set_threads(common.threads);
     try {
       kvq::run_capture(o, &ranks);

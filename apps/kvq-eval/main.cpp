@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   o.quiet = common.quiet;
   return kvq::cli::run_main("kvq-eval", [&] {
     kvq::set_threads(common.threads);
-    o.precision = precision.empty() ? kvq::default_precision() : kvq::parse_precision(precision);
+    o.precision = kvq::resolve_precision(precision);
     o.kl = !no_kl;
     kvq::EvalReport r = kvq::run_eval(o);
     if (!common.quiet) std::fputs(kvq::format_eval_report(r).c_str(), stdout);

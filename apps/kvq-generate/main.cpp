@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   kvq::cli::apply_common(common);
   return kvq::cli::run_main("kvq-generate", [&] {
     kvq::set_threads(common.threads);
-    const kvq::Precision prec = precision.empty() ? kvq::default_precision() : kvq::parse_precision(precision);
+    const kvq::Precision prec = kvq::resolve_precision(precision);
     // The whole model (in the forward's precision) is checked against the memory before it is loaded:
     // a model that does not fit is refused (whole) or streamed (auto), never killed by the kernel half-way.
     const int64_t need = kvq::Model::whole_bytes(model_path, prec);

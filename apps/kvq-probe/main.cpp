@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   o.quiet = common.quiet;
   return kvq::cli::run_main("kvq-probe", [&] {
     kvq::set_threads(common.threads);
-    o.precision = precision.empty() ? kvq::default_precision() : kvq::parse_precision(precision);
+    o.precision = kvq::resolve_precision(precision);
     kvq::OutputBatch outputs;
     const kvq::ProbeFile p = kvq::run_probe(o);
     kvq::write_file_atomically(out, kvq::probe_json(p).dump(1) + "\n");

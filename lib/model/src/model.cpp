@@ -77,7 +77,6 @@ Model Model::load(const std::string& path, const LoadOptions& lo) {
   m.w_ = std::make_unique<ModelWeights>();
   m.path_ = dir.empty() ? path : dir;
   m.precision_ = lo.precision;
-  m.w_->precision = lo.precision;
   if (dir.empty()) {
     detail::load_llama2c(path, &m.config_, m.w_.get(), &m.config_sha256_);
     if (lo.precision == Precision::kBf16) {  // stored fp32: the GEMM weights rounded once loaded
@@ -344,6 +343,10 @@ Precision parse_precision(const std::string& s, const std::string& field) {
   if (s == "fp32") return Precision::kFp32;
   if (s.empty() || s == "auto") return cpu_has_bf16() ? Precision::kBf16 : Precision::kFp32;
   throw Error("", field, "'" + s + "' is not a precision (bf16, fp32 or auto)");
+}
+
+Precision resolve_precision(const std::string& flag) {
+  return flag.empty() ? default_precision() : parse_precision(flag);
 }
 
 Precision default_precision() {

@@ -70,7 +70,6 @@ void to_precision(LayerWeights& L, Precision p);
 struct ModelWeights {
   // Set for a streamed model: then embed, lm_head and layers are empty (final_norm is kept).
   std::shared_ptr<const LayerSource> source;
-  Precision precision = Precision::kFp32;
   at::Tensor embed;       // [V, D]
   std::vector<LayerWeights> layers;
   at::Tensor final_norm;  // [D]

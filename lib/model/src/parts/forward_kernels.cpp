@@ -118,8 +118,10 @@ void linear(Workspace& ws, at::Tensor& out, const at::Tensor& in, const at::Tens
       at::mm_out(out, in, W.t());
     return;
   }
-  out.copy_(bf16_product(ws, in, W));
-  if (b.defined()) out.add_(b);
+  if (b.defined())
+    at::add_out(out, bf16_product(ws, in, W), b);  // widened and biased in one pass
+  else
+    out.copy_(bf16_product(ws, in, W));
 }
 
 void linear_add(Workspace& ws, at::Tensor& x, const at::Tensor& in, const at::Tensor& W) {
@@ -134,12 +136,13 @@ at::Tensor head_logits(const at::Tensor& h, const at::Tensor& head) {
   if (head.scalar_type() == at::kFloat) return at::mm(h, head.t());
   const int64_t N = h.size(0), V = head.size(0);
   at::Tensor logits = at::empty({N, V}, at::kFloat);
-  constexpr int64_t kRows = 4096;  // 4096 x D fp32 at a time
-  at::Tensor block;
+  constexpr int64_t kRows = 4096;  // 4096 x D fp32 at a time, in one buffer
+  at::Tensor block = at::empty({std::min(kRows, V), head.size(1)}, at::kFloat);
   for (int64_t r = 0; r < V; r += kRows) {
     const int64_t n = std::min(kRows, V - r);
-    block = head.narrow(0, r, n).to(at::kFloat);
-    logits.narrow(1, r, n).copy_(at::mm(h, block.t()));
+    at::Tensor rows = block.narrow(0, 0, n);
+    rows.copy_(head.narrow(0, r, n));
+    logits.narrow(1, r, n).copy_(at::mm(h, rows.t()));
   }
   return logits;
 }

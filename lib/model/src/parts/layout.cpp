@@ -116,16 +116,6 @@ std::vector<WantTensor> plan_tensors(const LayerPlan& plan) {
   return w;
 }
 
-int64_t plan_fp32_bytes(const LayerPlan& plan) {
-  int64_t n = 0;
-  for (const WantTensor& t : plan_tensors(plan)) {
-    int64_t e = 1;
-    for (int64_t s : t.shape) e *= s;
-    n += e;
-  }
-  return n * int64_t(sizeof(float));
-}
-
 bool slot_is_gemm_weight(const Slot& s) {
   if (s.parts.empty() || s.parts[0].shape.size() != 2) return false;
   LayerWeights probe;  // which LayerWeights tensor the slot fills, by address

@@ -89,8 +89,6 @@ LayerPlan decoder_plan(const ModelConfig& c, int l, const LayerNames& n, const L
 
 // The checkpoint tensors a plan reads, in check order.
 std::vector<WantTensor> plan_tensors(const LayerPlan& plan);
-// fp32 bytes of the LayerWeights a plan fills.
-int64_t plan_fp32_bytes(const LayerPlan& plan);
 // Whether a slot is a GEMM weight (2-D, not the router or MLA's kv_b, which the forward multiplies
 // in fp32): BF16 in Precision::kBf16.
 bool slot_is_gemm_weight(const Slot& s);

@@ -48,6 +48,8 @@ Precision parse_precision(const std::string& s, const std::string& field = "--pr
 // The --precision a tool uses when none is given: $KVQ_PRECISION if set (same spellings), else
 // "auto". Throws like parse_precision naming the variable.
 Precision default_precision();
+// A tool's --precision: default_precision() when the flag was not given (empty), else the flag's.
+Precision resolve_precision(const std::string& flag);
 
 // A Llama-family decoder (Llama, Mistral, Qwen2, llama2.c) in LibTorch, inference only.
 class Model {
