@@ -4,7 +4,9 @@
 // RMSNorm, optional per-head q/k RMSNorm (Qwen3), split-half or adjacent-pair (GLM) RoPE over the
 // first rotary dims from explicit inverse frequencies and attention factor, GLM-4-0414's sandwich
 // norms, GQA attention with causal and sliding-window masks, SwiGLU
-// MLP, MoE router softmax / top-k / renormalisation. Slow (O(T^2) loops), for tiny models only.
+// MLP, MoE router softmax / top-k / renormalisation; gpt-oss's attention sinks, YaRN without
+// truncation, softmax-of-top-k router with bias and MXFP4 experts (biases, interleaved gate/up,
+// clamped SwiGLU) (MODEL-FAMILIES-2026.md §3). Slow (O(T^2) loops), for tiny models only.
 //
 // Usage: fill a ref::Model (from_hf() does it for hf_tiny.hpp's tensors), then
 //   std::vector<double> logits = ref::forward(model, ids);          // [T][V] row-major
@@ -42,6 +44,17 @@ struct Layer {
   std::vector<Expert> experts;
   Vec router_bias;  // [E] e_score_correction_bias (sigmoid router: selection only)
   Expert shared;    // shared experts as one SwiGLU, unweighted; empty gate: none
+  // gpt-oss. sinks [H]: one logit per query head in each softmax's denominator (no value).
+  Vec sinks;
+  // gpt-oss MoE (when gu_blocks is set): router logits = router x + router_logit_bias, the top-k
+  // logits softmaxed among themselves; expert e as shipped in MXFP4 (hf::mxfp4_decode):
+  // h = W_gu[e] x + gu_bias[e] (rows 2i gate_i, 2i+1 up_i), gate = min(gate, L), up = clamp(up, -L,
+  // L), act = gate · sigmoid(1.702 gate) · (up + 1), y = W_d[e] act + down_bias[e].
+  Vec router_logit_bias;                                           // [E]
+  std::vector<uint8_t> gu_blocks, gu_scales, down_blocks, down_scales;  // [E, 2I, D/32, 16] ...
+  Vec gu_bias, down_bias;                                          // [E, 2I], [E, D]
+  int n_experts = 0, expert_inter = 0;                             // E, I
+  double swiglu_limit = 7.0;
 };
 
 struct Model {
@@ -81,8 +94,44 @@ struct Options {
   // Sigmoid-router controls: select by the unbiased score, score a group by its best expert
   // instead of its top-2 sum, leave routed_scaling_factor out.
   bool select_unbiased = false, group_by_max = false, ignore_scaling_factor = false;
+  // gpt-oss controls: sinks left out; a window one key wider (W + 1); MXFP4 nibbles read high
+  // first; the SwiGLU clamp left out; the router softmaxed over all experts before the top-k (no
+  // renormalisation); gate/up read as halves [0, I) / [I, 2I) instead of interleaved rows.
+  bool drop_sinks = false, window_plus_one = false, swap_nibbles = false, drop_swiglu_clamp = false;
+  bool softmax_before_topk = false, gate_up_halves = false;
   int64_t pos0 = 0;
 };
+
+// YaRN (HF _compute_yarn_parameters; official _compute_concentration_and_inv_freq), from
+// MODEL-FAMILIES-2026.md §3.2: the correction dims of beta_fast / beta_slow rotations over the
+// original context, floored / ceiled only when truncate, clamped to [0, d - 1]; inv_freq_i =
+// (1/θ^(2i/d))(1 − ramp_i) + (1/(F·θ^(2i/d))) ramp_i; attention factor 0.1·ln F + 1.
+struct Yarn {
+  Vec inv_freq;
+  double low = 0, high = 0, attention_factor = 1;
+};
+inline Yarn yarn(double theta, int d, double factor, double original, double beta_fast, double beta_slow,
+                 bool truncate) {
+  const double pi = std::acos(-1.0);
+  auto corr = [&](double rot) { return d * std::log(original / (rot * 2 * pi)) / (2 * std::log(theta)); };
+  Yarn y;
+  y.low = corr(beta_fast);
+  y.high = corr(beta_slow);
+  if (truncate) {
+    y.low = std::floor(y.low);
+    y.high = std::ceil(y.high);
+  }
+  y.low = std::max(y.low, 0.0);
+  y.high = std::min(y.high, double(d - 1));
+  const double span = y.high == y.low ? 0.001 : y.high - y.low;
+  for (int i = 0; i < d / 2; ++i) {
+    const double ramp = std::clamp((i - y.low) / span, 0.0, 1.0);
+    const double base = std::pow(theta, -2.0 * i / d);
+    y.inv_freq.push_back(base * (1 - ramp) + base / factor * ramp);
+  }
+  y.attention_factor = 0.1 * std::log(factor) + 1.0;
+  return y;
+}
 
 // What the forward saw per layer, pre-RoPE (after the q/k norm): [T][H][hd], [T][Hk][hd].
 struct Trace {
@@ -101,6 +150,15 @@ inline bool& emulate_bf16() {
 // Negative controls of the emulation: leave one of its roundings out.
 struct Bf16Control {
   bool skip_input = false, skip_product = false;
+  // > 0: each product is multiplied by (1 + noise · u), u uniform in [-1/2, 1/2) from a fixed LCG,
+  // before it is rounded: the size of fp32 accumulation's error, to measure how far the emulation
+  // itself moves when a value near a BF16 rounding boundary rounds the other way.
+  double noise = 0;
+  uint64_t state = 1;
+  double next_u() {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return double(state >> 11) / 9007199254740992.0 - 0.5;
+  }
 };
 inline Bf16Control& bf16_control() {
   static thread_local Bf16Control c;
@@ -139,6 +197,8 @@ inline void proj(const Vec& W, const Vec& b, const double* x, int out, int in, d
   Vec xr(static_cast<size_t>(in));
   for (int i = 0; i < in; ++i) xr[size_t(i)] = bf16_control().skip_input ? x[i] : hf::bf16_round(x[i]);
   matvec(W, {}, xr.data(), out, in, y);
+  if (bf16_control().noise > 0)
+    for (int o = 0; o < out; ++o) y[o] *= 1 + bf16_control().noise * bf16_control().next_u();
   for (int o = 0; o < out; ++o)
     y[o] = (bf16_control().skip_product ? y[o] : hf::bf16_round(y[o])) + (b.empty() ? 0.0 : b[size_t(o)]);
 }
@@ -162,6 +222,49 @@ inline void rope(double* head, const Vec& inv_freq, double af, int64_t pos, bool
     const double a0 = a, b0 = b;
     a = a0 * c - b0 * s;
     b = b0 * c + a0 * s;
+  }
+}
+
+// gpt-oss's MoE block of one token (see Layer): out = Σ_{e in top-k} w_e · y_e.
+inline void gpt_oss_moe(const Layer& L, const std::vector<Vec>& gu_w, const std::vector<Vec>& down_w, const double* x,
+                        int D, int top_k, const Options& opt, double* out) {
+  const int E = L.n_experts, I = L.expert_inter;
+  Vec logit(static_cast<size_t>(E));
+  matvec(L.router, L.router_logit_bias, x, E, D, logit.data());
+  std::vector<int> order(static_cast<size_t>(E));
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logit[size_t(a)] > logit[size_t(b)]; });
+  Vec w(static_cast<size_t>(top_k));
+  if (opt.softmax_before_topk) {
+    const double mx = logit[size_t(order[0])];
+    double z = 0;
+    for (double l : logit) z += std::exp(l - mx);
+    for (int r = 0; r < top_k; ++r) w[size_t(r)] = std::exp(logit[size_t(order[size_t(r)])] - mx) / z;
+  } else {
+    const double mx = logit[size_t(order[0])];
+    double z = 0;
+    for (int r = 0; r < top_k; ++r) z += (w[size_t(r)] = std::exp(logit[size_t(order[size_t(r)])] - mx));
+    for (double& p : w) p /= z;
+  }
+  const double lim = L.swiglu_limit;
+  Vec hgu(size_t(2) * I), act(static_cast<size_t>(I)), y(static_cast<size_t>(D)), gb, db;
+  std::fill(out, out + D, 0.0);
+  for (int r = 0; r < top_k; ++r) {
+    const int e = order[size_t(r)];
+    gb.assign(L.gu_bias.begin() + ptrdiff_t(size_t(e) * 2 * I), L.gu_bias.begin() + ptrdiff_t(size_t(e + 1) * 2 * I));
+    db.assign(L.down_bias.begin() + ptrdiff_t(size_t(e) * D), L.down_bias.begin() + ptrdiff_t(size_t(e + 1) * D));
+    proj(gu_w[size_t(e)], gb, x, 2 * I, D, hgu.data());
+    for (int i = 0; i < I; ++i) {
+      double g = opt.gate_up_halves ? hgu[size_t(i)] : hgu[size_t(2 * i)];
+      double u = opt.gate_up_halves ? hgu[size_t(I + i)] : hgu[size_t(2 * i + 1)];
+      if (!opt.drop_swiglu_clamp) {
+        g = std::min(g, lim);
+        u = std::clamp(u, -lim, lim);
+      }
+      act[size_t(i)] = g / (1.0 + std::exp(-1.702 * g)) * (u + 1.0);
+    }
+    proj(down_w[size_t(e)], db, act.data(), D, I, y.data());
+    for (int d = 0; d < D; ++d) out[d] += w[size_t(r)] * y[size_t(d)];
   }
 }
 
@@ -206,14 +309,16 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
       for (int hh = 0; hh < Hk; ++hh) rope(&k[(static_cast<size_t>(t) * Hk + hh) * hd], m.inv_freq, m.attention_factor, opt.pos0 + t, adj);
     }
     const bool sandwich = !L.post_attn_norm.empty() && !opt.skip_sandwich_norm;
-    const int W = opt.ignore_window ? 0 : L.window;
+    const int W = opt.ignore_window ? 0 : L.window + (L.window > 0 && opt.window_plus_one ? 1 : 0);
+    const bool sinks = !L.sinks.empty() && !opt.drop_sinks;
     Vec attn(static_cast<size_t>(H) * hd), score(static_cast<size_t>(T)), o(static_cast<size_t>(D)), tmp2(static_cast<size_t>(D));
     Vec x_new = x;
     for (int i = 0; i < T; ++i) {
       for (int hh = 0; hh < H; ++hh) {
         const int kh = hh / G;
         const double* qi = &q[(static_cast<size_t>(i) * H + hh) * hd];
-        double mx = -INFINITY;
+        // m = max(max_j z_j, sink_h): the sink joins the softmax as one more logit.
+        double mx = sinks ? L.sinks[size_t(hh)] : -INFINITY;
         for (int j = 0; j <= i; ++j) {
           score[size_t(j)] = -INFINITY;
           if (W > 0 && i - j >= W) continue;
@@ -223,7 +328,7 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
           score[size_t(j)] = s / std::sqrt(double(hd));
           mx = std::max(mx, score[size_t(j)]);
         }
-        double z = 0;
+        double z = sinks ? std::exp(L.sinks[size_t(hh)] - mx) : 0.0;
         for (int j = 0; j <= i; ++j) z += std::exp(score[size_t(j)] - mx);
         for (int e = 0; e < hd; ++e) attn[size_t(hh) * hd + e] = 0;
         for (int j = 0; j <= i; ++j) {
@@ -241,9 +346,24 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
     }
     x.swap(x_new);
 
+    std::vector<Vec> gu_w, down_w;  // gpt-oss: the experts decoded from MXFP4, [2I, D] and [D, I]
+    if (!L.gu_blocks.empty()) {
+      const int E = L.n_experts, I = L.expert_inter;
+      Vec all(size_t(E) * 2 * I * D);
+      hf::mxfp4_decode(L.gu_blocks.data(), L.gu_scales.data(), int64_t(E) * 2 * I, D, all.data(), opt.swap_nibbles);
+      for (int e = 0; e < E; ++e) gu_w.emplace_back(all.begin() + ptrdiff_t(size_t(e) * 2 * I * D), all.begin() + ptrdiff_t(size_t(e + 1) * 2 * I * D));
+      all.assign(size_t(E) * D * I, 0.0);
+      hf::mxfp4_decode(L.down_blocks.data(), L.down_scales.data(), int64_t(E) * D, I, all.data(), opt.swap_nibbles);
+      for (int e = 0; e < E; ++e) down_w.emplace_back(all.begin() + ptrdiff_t(size_t(e) * D * I), all.begin() + ptrdiff_t(size_t(e + 1) * D * I));
+    }
     for (int t = 0; t < T; ++t) {
       double* xt = &x[size_t(t) * D];
       rms_norm(xt, L.ffn_norm, D, m.eps, h.data());
+      if (!L.gu_blocks.empty()) {
+        gpt_oss_moe(L, gu_w, down_w, h.data(), D, m.top_k, opt, o.data());
+        for (int e = 0; e < D; ++e) xt[e] += o[size_t(e)];
+        continue;
+      }
       if (L.router.empty()) {
         const int I = int(L.w_gate.size() / size_t(D));
         swiglu(L.w_gate, L.w_up, L.w_down, h.data(), D, I, o.data());
@@ -331,9 +451,11 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
 
 // The reference model of an hf_tiny.hpp checkpoint, read from its tensor names (HF layout).
 inline Model from_glm(const hf::Spec& s, const hf::TensorMap& w);
+inline Model from_gpt_oss(const hf::Spec& s, const hf::TensorMap& w);
 
 inline Model from_hf(const hf::Spec& s, const hf::TensorMap& w) {
   if (s.glm()) return from_glm(s, w);
+  if (s.gpt_oss()) return from_gpt_oss(s, w);
   auto get = [&](const std::string& n) -> const Vec& {
     auto it = w.find(n);
     if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
@@ -446,6 +568,62 @@ inline Model from_glm(const hf::Spec& s, const hf::TensorMap& w) {
       L.post_attn_norm = get(p + "post_self_attn_layernorm.weight");
       L.post_mlp_norm = get(p + "post_mlp_layernorm.weight");
     }
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+// The reference model of an hf_tiny.hpp gpt-oss checkpoint (MODEL-FAMILIES-2026.md §3), from its
+// written tensors: the experts from their MXFP4 blocks and scales (decoded in forward()), YaRN
+// without truncation (rope_scaling as make_gpt_oss_config writes it), the window of each layer
+// from its layer type, untied head, no embedding scale.
+inline Model from_gpt_oss(const hf::Spec& s, const hf::TensorMap& w) {
+  auto t = [&](const std::string& n) -> const hf::Tensor& {
+    auto it = w.find(n);
+    if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
+    return it->second;
+  };
+  Model m;
+  m.D = s.hidden;
+  m.H = s.heads;
+  m.Hk = s.kv_heads;
+  m.hd = s.head_dim;
+  m.V = s.vocab;
+  m.eps = s.eps;
+  const Yarn y = yarn(s.theta, s.head_dim, s.yarn_factor, s.yarn_original, 32.0, 1.0, false);
+  m.inv_freq = y.inv_freq;
+  m.attention_factor = y.attention_factor;
+  m.top_k = s.top_k;
+  m.embed = t("model.embed_tokens.weight").v;
+  m.final_norm = t("model.norm.weight").v;
+  m.lm_head = t("lm_head.weight").v;
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = t(p + "input_layernorm.weight").v;
+    L.ffn_norm = t(p + "post_attention_layernorm.weight").v;
+    L.wq = t(p + "self_attn.q_proj.weight").v;
+    L.wk = t(p + "self_attn.k_proj.weight").v;
+    L.wv = t(p + "self_attn.v_proj.weight").v;
+    L.wo = t(p + "self_attn.o_proj.weight").v;
+    L.bq = t(p + "self_attn.q_proj.bias").v;
+    L.bk = t(p + "self_attn.k_proj.bias").v;
+    L.bv = t(p + "self_attn.v_proj.bias").v;
+    L.bo = t(p + "self_attn.o_proj.bias").v;
+    L.sinks = t(p + "self_attn.sinks").v;
+    L.window = s.window_of(l);
+    L.router = t(p + "mlp.router.weight").v;
+    L.router_logit_bias = t(p + "mlp.router.bias").v;
+    const std::string x = p + "mlp.experts.";
+    L.gu_blocks = t(x + "gate_up_proj_blocks").raw;
+    L.gu_scales = t(x + "gate_up_proj_scales").raw;
+    L.down_blocks = t(x + "down_proj_blocks").raw;
+    L.down_scales = t(x + "down_proj_scales").raw;
+    L.gu_bias = t(x + "gate_up_proj_bias").v;
+    L.down_bias = t(x + "down_proj_bias").v;
+    L.n_experts = s.experts;
+    L.expert_inter = s.inter;
+    L.swiglu_limit = s.swiglu_limit;
     m.layers.push_back(std::move(L));
   }
   return m;

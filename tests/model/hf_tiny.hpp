@@ -46,8 +46,8 @@ inline float bf16_to_f32(uint16_t h) {
 }
 inline double bf16_round(double x) { return double(bf16_to_f32(f32_to_bf16(float(x)))); }
 
-// family: llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral | chatglm | glm | glm4 (the HF
-// model_type). The GLM-4 forms: chatglm in ChatGLM's own keys and tensor names (fused
+// family: llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral | chatglm | glm | glm4 |
+// deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss (the HF model_type). The GLM-4 forms: chatglm in ChatGLM's own keys and tensor names (fused
 // query_key_value with bias, dense_h_to_4h), glm / glm4 in the Llama layout with split q/k/v +
 // bias and a fused gate_up_proj, glm4 with the sandwich norms.
 struct Spec {
@@ -83,6 +83,18 @@ struct Spec {
   std::string topk_method = "greedy";
   int n_group = 1, topk_group = 1;
   bool mtp = false;  // deepseek_v3: also write an MTP layer at model.layers.{layers} (never to be read)
+  // gpt_oss (gpt-oss, HF GptOssConfig): experts / top_k / inter (each expert's width) /
+  // sliding_window as above; every layer MoE. layer_types: empty means HF's default (even layers
+  // "sliding_attention", odd "full_attention"); written unless write_layer_types is false. RoPE: YaRN
+  // (yarn_factor over yarn_original positions, beta 32 / 1, truncate false). Sinks N(0, sink_scale);
+  // the experts' gate_up weights N(0, gate_up_scale), down weights N(0, scale), the experts' and the
+  // router's biases N(0, bias_scale); the experts ship in MXFP4 (see quantize_mxfp4 below).
+  std::vector<std::string> layer_types;
+  bool write_layer_types = true;
+  double yarn_factor = 32.0;
+  int yarn_original = 4096;
+  double sink_scale = 1.0, gate_up_scale = 0.2, bias_scale = 0.2;
+  double swiglu_limit = 7.0;
 
   bool glm() const { return family == "chatglm" || family == "glm" || family == "glm4"; }
   bool deepseek() const { return family == "deepseek_v2" || family == "deepseek_v3"; }
@@ -90,14 +102,20 @@ struct Spec {
   // glm4_moe (GLM-4.5): head_dim, partial_rotary_factor, q/k/v biases, q/k norm, a sigmoid router
   // with e_score_correction_bias, n_shared_experts, first_k_dense_replace, an MTP layer (mtp).
   bool glm4_moe() const { return family == "glm4_moe"; }
+  bool gpt_oss() const { return family == "gpt_oss"; }
+  // gpt_oss: layer l's type as the config states it, else HF's default rule.
+  std::string layer_type(int l) const {
+    if (!layer_types.empty()) return layer_types[size_t(l)];
+    return (l + 1) % 2 ? "sliding_attention" : "full_attention";
+  }
 
   bool moe() const {
-    return family == "qwen3_moe" || family == "mixtral" || ((deepseek() || glm4_moe()) && experts > 0);
+    return family == "qwen3_moe" || family == "mixtral" || gpt_oss() || ((deepseek() || glm4_moe()) && experts > 0);
   }
   bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
   bool is_moe_layer(int l) const {
     if (!moe()) return false;
-    if (family == "mixtral") return true;
+    if (family == "mixtral" || gpt_oss()) return true;
     if (deepseek()) return l >= first_k_dense_replace && l % moe_layer_freq == 0;
     if (glm4_moe()) return l >= first_k_dense_replace;
     for (int x : mlp_only_layers)
@@ -107,6 +125,7 @@ struct Spec {
   // The attention window of layer l as transformers applies it (0: full causal).
   int window_of(int l) const {
     if (family == "mistral" || family == "mixtral") return sliding_window;
+    if (gpt_oss()) return layer_type(l) == "sliding_attention" ? sliding_window : 0;
     if (!use_sliding_window) return 0;
     if (family == "qwen3_moe") return sliding_window;
     return l >= max_window_layers ? sliding_window : 0;
@@ -126,6 +145,7 @@ inline const char* class_of(const std::string& family) {
   if (family == "deepseek_v2") return "DeepseekV2ForCausalLM";
   if (family == "deepseek_v3") return "DeepseekV3ForCausalLM";
   if (family == "glm4_moe") return "Glm4MoeForCausalLM";
+  if (family == "gpt_oss") return "GptOssForCausalLM";
   throw std::invalid_argument("unknown family " + family);
 }
 
@@ -243,9 +263,61 @@ inline nlohmann::json make_glm4_moe_config(const Spec& s) {
   return c;
 }
 
+// gpt-oss's config.json keys (HF GptOssConfig, as openai/gpt-oss-20b ships them), tiny shape.
+inline nlohmann::json make_gpt_oss_config(const Spec& s) {
+  nlohmann::json c = {{"architectures", {class_of(s.family)}},
+                      {"model_type", s.family},
+                      {"hidden_size", s.hidden},
+                      {"num_hidden_layers", s.layers},
+                      {"num_attention_heads", s.heads},
+                      {"num_key_value_heads", s.kv_heads},
+                      {"head_dim", s.head_dim},
+                      {"intermediate_size", s.inter},
+                      {"num_local_experts", s.experts},
+                      {"num_experts_per_tok", s.top_k},
+                      {"experts_per_token", s.top_k},
+                      {"vocab_size", s.vocab},
+                      {"max_position_embeddings", s.max_pos},
+                      {"rope_theta", s.theta},
+                      {"rope_scaling",
+                       {{"rope_type", "yarn"},
+                        {"factor", s.yarn_factor},
+                        {"beta_fast", 32.0},
+                        {"beta_slow", 1.0},
+                        {"original_max_position_embeddings", s.yarn_original},
+                        {"truncate", false}}},
+                      {"rms_norm_eps", s.eps},
+                      {"sliding_window", s.sliding_window},
+                      {"attention_bias", true},
+                      {"attention_dropout", 0.0},
+                      {"hidden_act", "silu"},
+                      {"tie_word_embeddings", false},
+                      {"swiglu_limit", s.swiglu_limit},
+                      {"router_aux_loss_coef", 0.9},
+                      {"output_router_logits", false},
+                      {"initial_context_length", s.yarn_original},
+                      {"use_cache", true},
+                      {"bos_token_id", s.bos_id},
+                      {"eos_token_id", s.eos_id},
+                      {"pad_token_id", s.eos_id},
+                      {"torch_dtype", "bfloat16"},
+                      {"quantization_config",
+                       {{"quant_method", "mxfp4"},
+                        {"modules_to_not_convert",
+                         {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}}}}};
+  if (s.write_layer_types) {
+    nlohmann::json t = nlohmann::json::array();
+    for (int l = 0; l < s.layers; ++l) t.push_back(s.layer_type(l));
+    c["layer_types"] = t;
+  }
+  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) c[it.key()] = it.value();
+  return c;
+}
+
 inline nlohmann::json make_config(const Spec& s) {
   using nlohmann::json;
   if (s.family == "chatglm") return make_chatglm_config(s);
+  if (s.gpt_oss()) return make_gpt_oss_config(s);
   if (s.deepseek()) return make_deepseek_config(s);
   if (s.glm4_moe()) return make_glm4_moe_config(s);
   json c = {{"architectures", {class_of(s.family)}},
@@ -463,6 +535,41 @@ void make_deepseek_weights(const Spec& s, Add& add) {
   }
 }
 
+// gpt-oss (HF root checkpoint names): q/k/v/o with biases (o too), per-head sinks, router with
+// bias, and the experts as stacked [E, out, in] logical tensors mlp.experts.gate_up_proj (rows
+// interleaved: 2i gate_i, 2i+1 up_i) and mlp.experts.down_proj with their _bias [E, out]; make_weights
+// then ships those two in MXFP4 (quantize_mxfp4).
+template <typename Add>
+void make_gpt_oss_weights(const Spec& s, Add& add) {
+  const int64_t D = s.hidden, I = s.inter, E = s.experts, qd = int64_t(s.heads) * s.head_dim,
+                kvd = int64_t(s.kv_heads) * s.head_dim;
+  add("model.embed_tokens.weight", {s.vocab, D}, s.embed_scale);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "post_attention_layernorm.weight", {D}, s.norm_jitter, 1.0);
+    add(p + "self_attn.q_proj.weight", {qd, D}, s.scale);
+    add(p + "self_attn.k_proj.weight", {kvd, D}, s.scale);
+    add(p + "self_attn.v_proj.weight", {kvd, D}, s.scale);
+    add(p + "self_attn.o_proj.weight", {D, qd}, s.scale);
+    add(p + "self_attn.q_proj.bias", {qd}, s.bias_scale);
+    add(p + "self_attn.k_proj.bias", {kvd}, s.bias_scale);
+    add(p + "self_attn.v_proj.bias", {kvd}, s.bias_scale);
+    add(p + "self_attn.o_proj.bias", {D}, s.bias_scale);
+    add(p + "self_attn.sinks", {s.heads}, s.sink_scale);
+    add(p + "mlp.router.weight", {E, D}, s.router_scale);
+    add(p + "mlp.router.bias", {E}, s.bias_scale);
+    add(p + "mlp.experts.gate_up_proj", {E, 2 * I, D}, s.gate_up_scale);
+    add(p + "mlp.experts.gate_up_proj_bias", {E, 2 * I}, s.bias_scale);
+    add(p + "mlp.experts.down_proj", {E, D, I}, s.scale);
+    add(p + "mlp.experts.down_proj_bias", {E, D}, s.bias_scale);
+  }
+  add("model.norm.weight", {D}, s.norm_jitter, 1.0);
+  add("lm_head.weight", {s.vocab, D}, s.scale);
+}
+
+inline void quantize_mxfp4(TensorMap& m, const std::string& name);
+
 inline TensorMap make_weights(const Spec& s) {
   std::mt19937_64 rng(s.seed);
   std::normal_distribution<double> g(0.0, 1.0);
@@ -487,6 +594,13 @@ inline TensorMap make_weights(const Spec& s) {
   }
   if (s.glm4_moe()) {
     make_glm4_moe_weights(s, add);
+    return m;
+  }
+  if (s.gpt_oss()) {
+    make_gpt_oss_weights(s, add);
+    for (int l = 0; l < s.layers; ++l)
+      for (const char* x : {"gate_up_proj", "down_proj"})
+        quantize_mxfp4(m, "model.layers." + std::to_string(l) + ".mlp.experts." + x);
     return m;
   }
   add("model.embed_tokens.weight", {s.vocab, D}, s.embed_scale);
@@ -632,6 +746,77 @@ void quantize_int4_packed(TensorMap& m, int64_t group, const Pick& pick) {
     m[name + "_scale"] = std::move(sc);
     m[name + "_shape"] = std::move(shape);
   }
+}
+
+// MXFP4 (gpt-oss; OCP microscaling FP4), from MODEL-FAMILIES-2026.md §3.4: groups of 32 along
+// the input dim share one E8M0 scale byte u (2^(u - 127)); each element is an FP4 E2M1 code (sign
+// bit 3), two per byte, the even element in the LOW nibble.
+inline double fp4_value(int code) {
+  static constexpr double kMag[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+  return (code & 8) ? -kMag[code & 7] : kMag[code & 7];
+}
+// The nearest E2M1 code to x (|x| <= 6 after scaling); a tie goes to the smaller magnitude.
+inline uint8_t fp4_nearest(double x) {
+  int best = 0;
+  for (int c = 1; c < 8; ++c)
+    if (std::abs(std::abs(x) - fp4_value(c)) < std::abs(std::abs(x) - fp4_value(best))) best = c;
+  return uint8_t(best | (x < 0 ? 8 : 0));
+}
+// Encodes w [rows, cols] (cols % 32 == 0) as blocks [rows, cols/32, 16] and scales [rows, cols/32]:
+// the scale is the least power of two 2^e with amax / 2^e <= 6 (an all-zero group: e = 0), each
+// element the nearest code of w / 2^e.
+inline void mxfp4_encode(const double* w, int64_t rows, int64_t cols, uint8_t* blocks, uint8_t* scales) {
+  if (cols % 32) throw std::invalid_argument("mxfp4: the input dim must be a multiple of 32");
+  const int64_t ng = cols / 32;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t g = 0; g < ng; ++g) {
+      const double* x = w + r * cols + g * 32;
+      double amax = 0;
+      for (int t = 0; t < 32; ++t) amax = std::max(amax, std::abs(x[t]));
+      int e = 0;
+      if (amax > 0) {
+        e = int(std::ceil(std::log2(amax / 6.0)));
+        while (amax > std::ldexp(6.0, e)) ++e;  // log2 rounding
+        while (amax <= std::ldexp(6.0, e - 1)) --e;
+      }
+      e = std::clamp(e, -127, 127);
+      scales[r * ng + g] = uint8_t(e + 127);
+      uint8_t* b = blocks + (r * ng + g) * 16;
+      for (int t = 0; t < 16; ++t)
+        b[t] = uint8_t(fp4_nearest(std::ldexp(x[2 * t], -e)) | (fp4_nearest(std::ldexp(x[2 * t + 1], -e)) << 4));
+    }
+}
+// Decodes blocks/scales back to w [rows, cols]; high_first reads the HIGH nibble as the even
+// element (the wrong order: a negative control).
+inline void mxfp4_decode(const uint8_t* blocks, const uint8_t* scales, int64_t rows, int64_t cols, double* w,
+                         bool high_first = false) {
+  const int64_t ng = cols / 32;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t g = c / 32, t = c % 32;
+      const uint8_t byte = blocks[(r * ng + g) * 16 + t / 2];
+      const bool low = (t % 2 == 0) != high_first;
+      const int nib = low ? (byte & 0x0F) : (byte >> 4);
+      w[r * cols + c] = std::ldexp(fp4_value(nib), int(scales[r * ng + g]) - 127);
+    }
+}
+// Ships the logical tensor `name` [E, out, in] as name_blocks U8 [E, out, in/32, 16] and
+// name_scales U8 [E, out, in/32]; the logical tensor keeps the decoded values (what the reference
+// reads) and is not written.
+inline void quantize_mxfp4(TensorMap& m, const std::string& name) {
+  Tensor& t = m.at(name);
+  const int64_t E = t.shape[0], out = t.shape[1], in = t.shape[2], ng = in / 32;
+  Tensor blocks, scales;
+  blocks.dtype = scales.dtype = "U8";
+  blocks.shape = {E, out, ng, 16};
+  scales.shape = {E, out, ng};
+  blocks.raw.assign(size_t(E * out * ng * 16), 0);
+  scales.raw.assign(size_t(E * out * ng), 0);
+  mxfp4_encode(t.v.data(), E * out, in, blocks.raw.data(), scales.raw.data());
+  mxfp4_decode(blocks.raw.data(), scales.raw.data(), E * out, in, t.v.data());
+  t.write = false;
+  m[name + "_blocks"] = std::move(blocks);
+  m[name + "_scales"] = std::move(scales);
 }
 
 // The bytes a tensor is written as.

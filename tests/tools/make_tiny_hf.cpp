@@ -22,7 +22,7 @@ namespace hf = kvq::test::hf;
 
 const char* kUsage =
     "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4|deepseek_v2|\n"
-    "                                 deepseek_v3-fp8|glm4_moe\n"
+    "                                 deepseek_v3-fp8|glm4_moe|gpt_oss\n"
     "                        --out DIR\n"
     "                        [--seed S] [--scale X]\n"
     "                        [--layers N] [--head-dim D] [--kv-heads H]\n"
@@ -46,7 +46,10 @@ const char* kUsage =
     "            FP8 E4M3 with 32x24 block scales (weight_scale_inv; partial edge blocks);\n"
     "            glm4_moe: GLM-4.5's layout (head_dim 32 from the config, half of it rotating split-half,\n"
     "            q/k/v biases, q/k norm, layer 0 dense, 8 experts top-2 with correction bias x 2.5,\n"
-    "            1 shared expert, an MTP layer), Qwen-style tokenizer\n"
+    "            1 shared expert, an MTP layer), Qwen-style tokenizer;\n"
+    "            gpt_oss: gpt-oss's layout (attention sinks, q/k/v/o biases, even layers sliding over 16\n"
+    "            tokens, YaRN factor 32 without truncation, 4 experts top-2 with router and expert\n"
+    "            biases, interleaved gate/up, clamped SwiGLU, experts in MXFP4), Qwen-style tokenizer\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
     "  --scale   std of the weights (default 0.02)\n"
@@ -287,10 +290,23 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
     s.routed_scaling_factor = 2.5;
     s.mtp = true;
     s.theta = 1e6;
+  } else if (family == "gpt_oss") {
+    s.family = family;
+    s.layers = 2;
+    s.inter = 64;  // each expert's width; MXFP4 groups of 32 along hidden (64) and inter
+    s.experts = 4;
+    s.top_k = 2;
+    s.sliding_window = 16;
+    s.theta = 150000.0;
+    s.yarn_factor = 32.0;
+    s.yarn_original = 4096;
+    s.max_pos = 131072;
+    s.gate_up_scale = scale;
+    s.bias_scale = scale;
   } else {
     throw std::invalid_argument("--family: unknown '" + family +
                                 "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4, deepseek_v2, "
-                                "deepseek_v3-fp8, glm4_moe)");
+                                "deepseek_v3-fp8, glm4_moe, gpt_oss)");
   }
   return s;
 }
@@ -382,7 +398,9 @@ int run(int argc, char** argv) {
   }
   // GLM-4's own tokenizer is a tiktoken rank file; these tiny models carry the Qwen-style
   // byte-level BPE tokenizer.json (no BOS), which the GLM-4 -hf repos also ship.
-  const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe" || s.glm() || s.glm4_moe();
+  // gpt-oss's own tokenizer (o200k_harmony) prepends no BOS either.
+  const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe" || s.glm() || s.glm4_moe() ||
+                    s.gpt_oss();
   const Tok tok = make_tokenizer(qwen);
   s.vocab = tok.vocab_size;
   s.bos_id = tok.bos;

@@ -168,6 +168,17 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   prov.n_kv_heads = cfg.n_kv_heads;
   for (int g = 0; g < cfg.n_heads; ++g) prov.gqa_map.push_back(cfg.kv_head_of(g));
   for (int l = 0; l < cfg.n_layers; ++l) prov.layer_window.push_back(cfg.window_of(l));
+  {
+    // A window of W >= seq_len never cuts a key off: the capture cannot see what the window does.
+    std::vector<int> unseen;
+    for (int l = 0; l < cfg.n_layers; ++l)
+      if (cfg.window_of(l) > 0 && cfg.window_of(l) >= o.seq_len) unseen.push_back(l);
+    if (!unseen.empty())
+      spdlog::warn("--seq-len {} does not exceed the sliding window of {} of {} layers (window {}): those layers are "
+                   "captured as full attention and the window's effect is not measured; use --seq-len > {}",
+                   o.seq_len, unseen.size(), cfg.n_layers, cfg.window_of(unseen[0]), cfg.window_of(unseen[0]));
+  }
+  for (const auto& layer : in->model.attention_sinks()) prov.attention_sinks.emplace_back(layer.begin(), layer.end());
   prov.corpus = text.files;
   prov.tokenizer_path = tok_path;
   prov.tokenizer_sha256 = tok->sha256();

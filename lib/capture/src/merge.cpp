@@ -37,6 +37,9 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
     if (pa.window_of(l) != pb.window_of(l))
       refuse("provenance.layer_window", "layer " + std::to_string(l) + " window " + std::to_string(pa.window_of(l)),
              "layer " + std::to_string(l) + " window " + std::to_string(pb.window_of(l)));
+  if (pa.attention_sinks != pb.attention_sinks)
+    refuse("provenance.attention_sinks", pa.has_sinks() ? "recorded" : "none",
+           pb.has_sinks() ? (pa.has_sinks() ? "other values" : "recorded") : "none");
   if (!a.complete()) throw Error(na, h5path::kWindowsDone, "incomplete file (resume it before merging)");
   if (!b.complete()) throw Error(nb, h5path::kWindowsDone, "incomplete file (resume it before merging)");
   // Windows are identified by their token offset when the corpora are the same text.

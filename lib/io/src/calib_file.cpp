@@ -24,6 +24,10 @@ double CalibProvenance::attn_scale() const {
   return softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim));
 }
 
+double CalibProvenance::sink_of(int layer, int head) const {
+  return has_sinks() ? attention_sinks[size_t(layer)][size_t(head)] : -std::numeric_limits<double>::infinity();
+}
+
 std::string provenance_to_json(const CalibProvenance& p) {
   json j;
   j["tool_version"] = p.tool_version;
@@ -45,6 +49,7 @@ std::string provenance_to_json(const CalibProvenance& p) {
   j["n_kv_heads"] = p.n_kv_heads;
   j["gqa_map"] = p.gqa_map;
   j["layer_window"] = p.layer_window;
+  if (p.has_sinks()) j["attention_sinks"] = p.attention_sinks;  // version 6; other files keep their bytes
   json files = json::array();
   for (const auto& f : p.corpus)
     files.push_back({{"path", f.path}, {"sha256", f.sha256}, {"bytes", f.bytes}, {"replaced_bytes", f.replaced_bytes}});
@@ -169,6 +174,20 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
     for (int w : p.layer_window)
       if (w < 0) throw Error(file, "provenance.layer_window", "negative window " + std::to_string(w));
   }
+  if (j.contains("attention_sinks")) {  // version 6
+    get("attention_sinks", p.attention_sinks);
+    if (p.attention_sinks.size() != size_t(std::max(0, p.n_layers)))
+      throw Error(file, "provenance.attention_sinks",
+                  std::to_string(p.attention_sinks.size()) + " layers for n_layers " + std::to_string(p.n_layers));
+    for (size_t l = 0; l < p.attention_sinks.size(); ++l) {
+      const std::string field = "provenance.attention_sinks[" + std::to_string(l) + "]";
+      if (p.attention_sinks[l].size() != size_t(std::max(0, p.n_heads)))
+        throw Error(file, field,
+                    std::to_string(p.attention_sinks[l].size()) + " sinks for n_heads " + std::to_string(p.n_heads));
+      for (double x : p.attention_sinks[l])
+        if (!std::isfinite(x)) throw Error(file, field, "a sink is not finite: " + json(x).dump());
+    }
+  }
   if (j.contains("corpus")) {
     const json& files = j["corpus"];
     if (!files.is_array()) throw Error(file, "provenance.corpus", "not an array: " + files.dump());
@@ -252,9 +271,11 @@ void write_calib(const std::string& path, const CalibFile& c) {
       if ((kv_dims || sh.v_dim() != sh.head_dim) && c.prov.v_dim() != sh.v_dim())
         throw Error(path, "provenance.head_dim_v",
                     std::to_string(c.prov.v_dim()) + " disagrees with the moments' value dim " + std::to_string(sh.v_dim()));
-      // Version 5 (kv dims) keeps the provenance in the dataset, as version 4 does.
-      const bool in_dataset = kv_dims || prov.size() > kCalibProvenanceAttrMax;
-      h5::write_attr(root, "version", kv_dims      ? kCalibKvDimsVersion
+      // Versions 5 (kv dims) and 6 (sinks) keep the provenance in the dataset, as version 4 does.
+      const bool sinks = c.prov.has_sinks();
+      const bool in_dataset = kv_dims || sinks || prov.size() > kCalibProvenanceAttrMax;
+      h5::write_attr(root, "version", sinks        ? kCalibSinksVersion
+                                      : kv_dims    ? kCalibKvDimsVersion
                                       : in_dataset ? kCalibProvenanceDatasetVersion
                                                    : kCalibAttrProvenanceVersion);
       h5::write_root_text(root, leaf(h5path::kProvenance), prov, in_dataset);
@@ -373,6 +394,10 @@ CalibFile read_calib(const std::string& path, bool samples) {
   if (c.prov.has_kv_dims() && c.format_version < kCalibKvDimsVersion)
     throw Error(path, c.prov.v_dim() != c.prov.head_dim ? "provenance.head_dim_v" : "provenance.softmax_scale",
                 "needs calibration version >= " + std::to_string(kCalibKvDimsVersion) + ", the file is version " +
+                    std::to_string(c.format_version));
+  if (c.prov.has_sinks() && c.format_version < kCalibSinksVersion)
+    throw Error(path, "provenance.attention_sinks",
+                "needs calibration version >= " + std::to_string(kCalibSinksVersion) + ", the file is version " +
                     std::to_string(c.format_version));
   if (sh.head_dim == c.prov.head_dim && sh.v_dim() != c.prov.v_dim())  // a wrong head_dim is the shape's error below
     throw Error(path, h5path::attr(h5path::kStats, "head_dim_v"),

@@ -87,7 +87,7 @@ class HfCheckpoint final : public LayerSource {
     if (family.check_weights) family.check_weights(c, t_, config_path);
     check(names_.embed, {V, D});
     for (int l = 0; l < c.n_layers; ++l)
-      for (const auto& want : plan_tensors(plan(l))) check(want.name, want.shape);
+      for (const auto& want : plan_tensors(plan(l))) check(want.name, want.stored_shape());
     check(names_.final_norm, {D});
     if (!c.tie_word_embeddings) check(names_.lm_head, {V, D});
   }
@@ -184,6 +184,17 @@ class HfCheckpoint final : public LayerSource {
 
   void drop(const std::string& name) const { drop_stored(name); }
 
+  // Layer l's attention sinks [H] (the plan's slot that fills LayerWeights::sinks), or empty.
+  std::vector<float> sinks(int l) const {
+    LayerWeights probe;
+    for (const Slot& s : plan(l))
+      if (&s.dst(probe) == &probe.sinks) {
+        const at::Tensor t = load(s.parts[0].name, s.parts[0].shape).contiguous();
+        return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+      }
+    return {};
+  }
+
  private:
   LayerPlan plan(int l) const { return family_.layer_plan(c_, l, t_); }
   const SafetensorsFile& file_of(const std::string& name) const { return t_.file_of(name); }
@@ -216,17 +227,19 @@ class HfCheckpoint final : public LayerSource {
   }
 
   // Logical tensor `name` (stored plain or quantized) converted into dst, a contiguous fp32 or
-  // BF16 tensor of its elements. BF16 rounds each fp32 value to nearest even a block at a time: no
-  // fp32 copy of the whole tensor is made.
-  void convert_into(const std::string& name, const at::Tensor& dst) const {
+  // BF16 tensor of its elements from row `row0` of its [rows, cols] view on (0: all of it; an
+  // expert of a stacked tensor otherwise). BF16 rounds each fp32 value to nearest even a block at a
+  // time: no fp32 copy of the whole tensor is made.
+  void convert_into(const std::string& name, const at::Tensor& dst, int64_t row0 = 0) const {
     auto q = quant_.find(name);
+    const int64_t cols = dst.dim() > 0 ? dst.size(dst.dim() - 1) : 1, off = row0 * cols;  // element offset
     if (dst.scalar_type() == at::kFloat) {
       if (q != quant_.end()) {
-        decode_into(q->second, dst);
+        decode_into(q->second, dst, row0);
       } else {
         const SafetensorsFile& f = file_of(name);
         float* d = dst.data_ptr<float>();
-        at::parallel_for(0, dst.numel(), 1 << 16, [&](int64_t b, int64_t e) { f.read_f32(name, b, e, d + b); });
+        at::parallel_for(0, dst.numel(), 1 << 16, [&](int64_t b, int64_t e) { f.read_f32(name, off + b, off + e, d + b); });
       }
       return;
     }
@@ -237,15 +250,16 @@ class HfCheckpoint final : public LayerSource {
     };
     if (q != quant_.end()) {
       const QuantWeight& w = q->second;
-      const int64_t cols = w.cols(), rows_per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, cols));
-      KVQ_ASSERT(dst.numel() == w.rows() * cols);
-      at::parallel_for(0, w.rows(), rows_per, [&](int64_t b, int64_t e) {
+      const int64_t wc = w.cols(), rows = dst.numel() / wc;
+      const int64_t rows_per = std::max<int64_t>(1, (int64_t(1) << 14) / std::max<int64_t>(1, wc));
+      KVQ_ASSERT(wc == cols && row0 + rows <= w.rows());
+      at::parallel_for(0, rows, rows_per, [&](int64_t b, int64_t e) {
         std::vector<float> buf;
         for (int64_t r = b; r < e; r += rows_per) {
           const int64_t re = std::min(e, r + rows_per);
-          buf.resize(size_t((re - r) * cols));
-          decode_rows(w, r, re, buf.data());
-          round(buf, d + r * cols);
+          buf.resize(size_t((re - r) * wc));
+          decode_rows(w, row0 + r, row0 + re, buf.data());
+          round(buf, d + r * wc);
         }
       });
       return;
@@ -253,8 +267,8 @@ class HfCheckpoint final : public LayerSource {
     const SafetensorsFile& f = file_of(name);
     const StTensorInfo* info = f.find(name);
     if (info && info->dtype == "BF16") {  // stored BF16: the bytes as shipped, no rounding to do
-      KVQ_ASSERT(int64_t(info->end - info->begin) == dst.numel() * 2);
-      const uint8_t* src = f.raw_bytes(name);
+      KVQ_ASSERT(int64_t(info->end - info->begin) >= (off + dst.numel()) * 2);
+      const uint8_t* src = f.raw_bytes(name) + 2 * off;
       at::parallel_for(0, dst.numel(), 1 << 18, [&](int64_t b, int64_t e) {
         std::memcpy(d + b, src + 2 * b, size_t(e - b) * 2);  // little-endian BF16 both sides
       });
@@ -266,18 +280,19 @@ class HfCheckpoint final : public LayerSource {
       for (int64_t i = b; i < e; i += kBlock) {
         const int64_t ie = std::min(e, i + kBlock);
         buf.resize(size_t(ie - i));
-        f.read_f32(name, i, ie, buf.data());
+        f.read_f32(name, off + i, off + ie, buf.data());
         round(buf, d + i);
       }
     });
   }
 
-  // Dequantizes w into dst (its [rows, cols] view), rows in parallel.
-  static void decode_into(const QuantWeight& w, const at::Tensor& dst) {
-    KVQ_ASSERT(dst.is_contiguous() && dst.numel() == w.rows() * w.cols());
+  // Dequantizes rows [row0, row0 + dst's rows) of w's [rows, cols] view into dst, rows in parallel.
+  static void decode_into(const QuantWeight& w, const at::Tensor& dst, int64_t row0 = 0) {
+    const int64_t cols = w.cols(), rows = dst.numel() / cols;
+    KVQ_ASSERT(dst.is_contiguous() && dst.numel() == rows * cols && row0 + rows <= w.rows());
     float* d = dst.data_ptr<float>();
-    const int64_t cols = w.cols(), grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, cols));
-    at::parallel_for(0, w.rows(), grain, [&](int64_t b, int64_t e) { decode_rows(w, b, e, d + b * cols); });
+    const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 16) / std::max<int64_t>(1, cols));
+    at::parallel_for(0, rows, grain, [&](int64_t b, int64_t e) { decode_rows(w, row0 + b, row0 + e, d + b * cols); });
   }
 
   // One slot into L: a tensor as it is, or several stacked as row ranges of one (into the slot's
@@ -297,7 +312,7 @@ class HfCheckpoint final : public LayerSource {
     for (const WantTensor& p : s.parts) {
       at::Tensor rows = t.narrow(0, at_row, p.shape[0]);
       for (const std::string& n : stored_names(p.name)) file_of(n).prefault(n);
-      convert_into(p.name, rows);
+      convert_into(p.name, rows, std::max<int64_t>(p.row0, 0));
       drop_stored(p.name);
       at_row += p.shape[0];
     }
@@ -341,6 +356,8 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
   const ModelConfig& c = *cfg;
   auto ckpt = std::make_shared<HfCheckpoint>(dir, config_path, c, *find_family(c.architecture), precision);
   w->final_norm = ckpt->load(ckpt->names().final_norm, {c.hidden_size});
+  if (c.attn_sinks)  // small ([H] a layer), kept apart so that a streamed model knows them before a forward
+    for (int l = 0; l < c.n_layers; ++l) w->sinks.push_back(ckpt->sinks(l));
   if (stream) {
     ckpt->set_lazy_experts(true);
     w->source = ckpt;

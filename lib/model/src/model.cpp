@@ -244,6 +244,8 @@ void Model::forward_chunk(const std::vector<ChunkBatch>& batches, const ChunkHoo
 bool Model::streamed() const { return w_->source != nullptr; }
 
 // Streamed, a MoE layer holds its routed experts in fp32 one at a time (hf.cpp's expert_source).
+const std::vector<std::vector<float>>& Model::attention_sinks() const { return w_->sinks; }
+
 int64_t Model::layer_fp32_bytes(int l) const { return ::kvq::layer_fp32_bytes(config_, l, streamed()); }
 
 int64_t Model::layer_bytes(int l) const { return ::kvq::layer_bytes(config_, l, precision_, streamed()); }

@@ -41,6 +41,9 @@ struct LayerWeights {
   at::Tensor q_a_norm, wq_b, kv_a_norm, w_kv_b;
   // DeepSeekMoE's shared experts as one SwiGLU: [2 Is, D] and [D, Is] (Is = n_shared * moe_intermediate).
   at::Tensor shared_gate_up, shared_down;
+  // gpt-oss: sinks [H] (one logit per query head, in every softmax's denominator); the router's
+  // linear bias [E]; the experts' biases [E, 2 I] (interleaved like their rows) and [E, D].
+  at::Tensor sinks, router_b, expert_gate_up_b, expert_down_b;
 };
 
 // A streamed model's checkpoint: weights stay in the mapped files in their stored dtype and are
@@ -74,6 +77,7 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
   at::Tensor final_norm;  // [D]
   at::Tensor lm_head;     // [V, D]; the same storage as embed when tied
+  std::vector<std::vector<float>> sinks;  // [L][H] attention sinks (ModelConfig::attn_sinks), else empty
 
   // The last forward's scratch buffers (model.cpp's Workspace), kept so that repeated forwards of
   // one shape do not page-fault fresh memory each call; a concurrent forward uses its own.

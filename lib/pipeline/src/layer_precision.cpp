@@ -25,12 +25,14 @@ Mat to_mat(const std::vector<float>& x, int64_t n, int d) {
   return m;
 }
 
-// Row-wise softmax of logits S (in place).
-void softmax_rows(Mat& S) {
+// Row-wise softmax of logits S (in place); row r's denominator also holds exp(sink(r)) (gpt-oss's
+// attention sinks, no value; -infinity: none).
+template <class Sink>
+void softmax_rows(Mat& S, const Sink& sink) {
   for (Eigen::Index r = 0; r < S.rows(); ++r) {
-    const double mx = S.row(r).maxCoeff();
+    const double sk = sink(r), mx = std::max(S.row(r).maxCoeff(), sk);
     S.row(r) = (S.row(r).array() - mx).exp().matrix();
-    S.row(r) /= S.row(r).sum();
+    S.row(r) /= S.row(r).sum() + std::exp(sk - mx);
   }
 }
 
@@ -83,7 +85,7 @@ LayerPrecisionCosts measure_head_costs(const CalibFile& c, int n_k, int n_v, con
       const Mat K = to_mat(x[0], n, d), V = to_mat(x[1], n, dv);
       const Mat S = Q * K.transpose() * scale;  // logits [queries][keys]
       Mat P = S;
-      softmax_rows(P);
+      softmax_rows(P, [&](Eigen::Index r) { return c.prov.sink_of(l, h * G + int(r % G)); });
       const Mat O = P * V;
       // The output's mean energy per query; a head whose attention output is exactly 0 has no
       // relative error to speak of, and then the absolute one is used.

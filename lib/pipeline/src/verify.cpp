@@ -41,10 +41,15 @@ struct Accum {  // sums behind one layer's Metrics
 };
 
 // Softmax over the first n entries of row (double), in place into p.
-void softmax(const double* s, int n, std::vector<double>& p) {
-  double mx = *std::max_element(s, s + n), z = 0;
+// p = softmax of the n logits s, with exp(sink) in the denominator (gpt-oss's sinks; -infinity: none).
+// Returns the sink's own probability (0 without one); the keys' then sum to 1 minus it.
+double softmax(const double* s, int n, std::vector<double>& p, double sink) {
+  const double mx = std::max(*std::max_element(s, s + n), sink);
+  double z = std::exp(sink - mx);
+  const double zs = z;
   for (int j = 0; j < n; ++j) z += (p[size_t(j)] = std::exp(s[j] - mx));
   for (int j = 0; j < n; ++j) p[size_t(j)] /= z;
+  return zs / z;
 }
 
 double top10_overlap(const std::vector<double>& p, const std::vector<double>& pt, int n, std::vector<int>& ia,
@@ -114,11 +119,12 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
   const bool on_gpu = gpu && gpu->on();
   // The packed cache and its fused attention take one head dim for K and V and scale by 1/sqrt(d):
   // MLA's served cache (576 / 512, its own scale) is checked through the encoder and decoder only.
-  const bool gpu_cache = on_gpu && dv == d && !(c.prov.softmax_scale > 0);
+  const bool gpu_cache = on_gpu && dv == d && !(c.prov.softmax_scale > 0) && !c.prov.has_sinks();
   if (on_gpu && !gpu_cache)
     gpu->note("GPU-resident cache and fused attention not run: K dim " + std::to_string(d) + ", V dim " +
               std::to_string(dv) + (c.prov.softmax_scale > 0 ? ", recorded softmax scale" : "") +
-              " (the fused kernel takes equal dims and 1/sqrt(d)); encoder and decoder checked");
+              (c.prov.has_sinks() ? ", attention sinks" : "") +
+              " (the fused kernel takes equal dims, 1/sqrt(d) and no sinks); encoder and decoder checked");
   std::vector<double> p(static_cast<size_t>(T)), pt(static_cast<size_t>(T));
   std::vector<int> ia, ib;
   for (int l = 0; l < L; ++l) {
@@ -185,9 +191,10 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
             Eigen::RowVectorXd s = S.row(i).segment(lo, n), sh_ = Sh.row(i).segment(lo, n);
             acc.mae_sum += (s - sh_).cwiseAbs().sum();
             acc.pairs += n;
-            softmax(s.data(), n, p);
-            softmax(sh_.data(), n, pt);
-            double kl = 0;
+            // A sink is one more outcome of the distribution (its probability moves with the keys').
+            const double sink = c.prov.sink_of(l, g);
+            const double ps = softmax(s.data(), n, p, sink), pst = softmax(sh_.data(), n, pt, sink);
+            double kl = ps > 0 ? ps * (std::log(ps) - std::log(std::max(pst, 1e-300))) : 0.0;
             for (int j = 0; j < n; ++j)
               if (p[size_t(j)] > 0) kl += p[size_t(j)] * (std::log(p[size_t(j)]) - std::log(std::max(pt[size_t(j)], 1e-300)));
             acc.kl_sum += kl;

@@ -74,6 +74,13 @@ std::string model_block(const CalibProvenance& p) {
     for (int w : p.layer_window) s += " " + std::to_string(w);
     s += "\n";
   }
+  if (p.has_sinks()) {
+    double lo = p.attention_sinks[0][0], hi = lo;
+    for (const auto& layer : p.attention_sinks)
+      for (double x : layer) lo = std::min(lo, x), hi = std::max(hi, x);
+    s += "  sinks        one learned logit per query head in every softmax (gpt-oss), " + fmt(lo, 4) + " .. " +
+         fmt(hi, 4) + "\n";
+  }
   return s;
 }
 

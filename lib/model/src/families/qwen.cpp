@@ -10,26 +10,12 @@ namespace kvq::detail {
 namespace {
 
 void parse_window(const ConfigReader& r, bool moe, ModelConfig* c) {
-  const json& j = r.json_object();
   int window = 0;
   std::vector<uint8_t> sliding(size_t(c->n_layers), 0);
   if (r.boolean("use_sliding_window", false)) {
     window = r.positive_int("sliding_window", 4096);
-    if (r.has("layer_types")) {
-      const json& lt = j["layer_types"];
-      if (!lt.is_array() || lt.size() != size_t(c->n_layers))
-        throw Error(r.path(), "layer_types", "expected a list of " + std::to_string(c->n_layers) + " layer types, found " + lt.dump());
-      for (size_t l = 0; l < lt.size(); ++l) {
-        const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : "";
-        if (t != "sliding_attention" && t != "full_attention")
-          throw Error(r.path(), "layer_types[" + std::to_string(l) + "]",
-                      "expected \"sliding_attention\" or \"full_attention\", found " + lt[l].dump());
-        sliding[l] = t == "sliding_attention";
-      }
-    } else {
-      const int first = moe ? 0 : r.positive_int("max_window_layers", 28);
-      for (int l = first; l < c->n_layers; ++l) sliding[size_t(l)] = 1;
-    }
+    const int first = moe || r.has("layer_types") ? 0 : r.positive_int("max_window_layers", 28);
+    sliding = read_sliding_layers(r, c->n_layers, [first](int l) { return l >= first; });
   }
   set_layer_windows(window, sliding, c);
 }

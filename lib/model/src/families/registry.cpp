@@ -7,6 +7,7 @@
 #include "family.hpp"
 #include "glm.hpp"
 #include "glm4_moe.hpp"
+#include "gpt_oss.hpp"
 #include "llama.hpp"
 #include "mistral.hpp"
 #include "qwen.hpp"
@@ -18,7 +19,7 @@ const std::vector<const Family*>& table() {
   static const std::vector<const Family*> rows = {&kLlamaFamily,   &kMistralFamily, &kQwen2Family, &kQwen3Family,
                                                   &kQwen3MoeFamily, &kMixtralFamily, &kChatGlmFamily, &kGlmFamily,
                                                   &kGlm4Family,    &kDeepseekV2Family, &kDeepseekV3Family,
-                                                  &kKimiK2Family,  &kGlm4MoeFamily};
+                                                  &kKimiK2Family,  &kGlm4MoeFamily, &kGptOssFamily};
   return rows;
 }
 

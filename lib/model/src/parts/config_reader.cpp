@@ -160,6 +160,25 @@ void read_decoder_config(const ConfigReader& r, RopePairing pairing, double defa
 
 }
 
+std::vector<uint8_t> read_sliding_layers(const ConfigReader& r, int n_layers, const std::function<bool(int)>& default_sliding) {
+  std::vector<uint8_t> sliding(size_t(n_layers), 0);
+  if (!r.has("layer_types")) {
+    for (int l = 0; l < n_layers; ++l) sliding[size_t(l)] = default_sliding(l);
+    return sliding;
+  }
+  const json& lt = r.raw("layer_types");
+  if (!lt.is_array() || lt.size() != size_t(n_layers))
+    throw Error(r.path(), "layer_types", "expected a list of " + std::to_string(n_layers) + " layer types, found " + lt.dump());
+  for (size_t l = 0; l < lt.size(); ++l) {
+    const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : "";
+    if (t != "sliding_attention" && t != "full_attention")
+      throw Error(r.path(), "layer_types[" + std::to_string(l) + "]",
+                  "expected \"sliding_attention\" or \"full_attention\", found " + lt[l].dump());
+    sliding[l] = t == "sliding_attention";
+  }
+  return sliding;
+}
+
 void set_layer_windows(int window, const std::vector<uint8_t>& sliding, ModelConfig* c) {
   c->sliding_window = window;
   if (window > 0) {

@@ -2,6 +2,7 @@
 // Reading an HF config.json: the typed reader every family's config parser uses (the file and key in
 // every error), RoPE scaling, the per-layer sliding windows, and the fields of the common decoder
 // layout (Llama's keys) most families start from. Internal to kvq_model.
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -84,6 +85,10 @@ void parse_rope_scaling(const json& j, const std::string& path, ModelConfig* c);
 // rope_theta, rms_norm_eps, tie_word_embeddings, bos/eos ids, partial_rotary_factor, hidden_act,
 // rope_scaling, mlp_bias), with the family's RoPE pairing and default partial rotary factor.
 void read_decoder_config(const ConfigReader& r, RopePairing pairing, double default_rotary_factor, ModelConfig* c);
+
+// config.json's `layer_types` ([n_layers] of "sliding_attention" / "full_attention") as 1 = sliding;
+// absent: default_sliding(l). A list of the wrong length or an unknown type names the key.
+std::vector<uint8_t> read_sliding_layers(const ConfigReader& r, int n_layers, const std::function<bool(int)>& default_sliding);
 
 // W > 0 on the layers marked in `sliding` (c->sliding_window = W); W == 0: full attention everywhere.
 void set_layer_windows(int window, const std::vector<uint8_t>& sliding, ModelConfig* c);

@@ -70,9 +70,9 @@ void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace
   rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), p.rope, c.pairing, false);
   rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), p.rope, c.pairing, false);
   if (opts.protected_kv)
-    attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent);
+    attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent, L.sinks);
   else
-    attention(ws, B, T, c, c.window_of(l));
+    attention(ws, B, T, c, c.window_of(l), L.sinks);
   const at::Tensor& o_in = c.is_mla() ? mla_output(c, L, ws) : ws.attn;
   if (L.post_attn_norm.defined()) {  // GLM-4-0414: x += norm(o_proj(attn)); ws.h is free here
     linear(ws, ws.h, o_in, L.wo);

@@ -242,7 +242,23 @@ void Workspace::ensure_protected() {
 // The G query heads of a KV head are stacked as extra rows (t*G + g), so K and V are never
 // repeated and each query block is a contiguous row range. window > 0: query i sees only keys
 // j > i - window; a block whose keys all lie inside every row's window takes the plain causal path.
-void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window) {
+namespace {
+
+// Softmax of the block's masked scores s into p ([n = nb·Hk, rows = len·G, nk]); with sinks, each
+// row of query head h = hk·G + g is scaled by sigmoid(logsumexp(row) - sinks[h]): exp(sink) joins
+// the denominator and has no value.
+void block_softmax(at::Tensor& p, const at::Tensor& s, const at::Tensor& sinks, int64_t nb, int64_t Hk, int64_t len,
+                   int64_t G) {
+  at::softmax_out(p, s, -1);
+  if (!sinks.defined()) return;
+  at::Tensor f = at::logsumexp(s, {-1}, true).view({nb, Hk, len, G});
+  f.sub_(sinks.view({1, Hk, 1, G})).sigmoid_();
+  p.view({nb, Hk, len, G, -1}).mul_(f.unsqueeze(-1));
+}
+
+}  // namespace
+
+void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, const at::Tensor& sinks) {
   const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim, dv = c.v_dim();
   const double scale = c.attn_scale();
   const at::Tensor q5 = ws.q.view({B, T, Hk, G, d}), k4 = ws.k.view({B, T, Hk, d}), v4 = ws.v.view({B, T, Hk, dv});
@@ -267,7 +283,7 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_
         mask_window(s, t0, k0, G, window);
       else
         s.narrow(2, t0, len).add_(ws.mask_diag.narrow(0, 0, rows).narrow(1, 0, len));
-      at::softmax_out(p, s, -1);
+      block_softmax(p, s, sinks, nb, Hk, len, G);
       at::bmm_out(o, p, vh.narrow(1, k0, nk));
       attn5.narrow(0, b0, nb).narrow(1, t0, len).copy_(o.view({nb, Hk, len, G, dv}).permute({0, 2, 1, 3, 4}));
     }
@@ -281,7 +297,7 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_
 // the probabilities of coded pairs move to a second matrix, so that the output is
 // P_full·V + P_coded·V_coded. A block without coded pairs is attention()'s block, unchanged.
 void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, int64_t sink,
-                         int64_t recent) {
+                         int64_t recent, const at::Tensor& sinks) {
   const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim, dv = c.v_dim();
   const double scale = c.attn_scale();
   const float ninf = -std::numeric_limits<float>::infinity();
@@ -313,7 +329,7 @@ void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig&
           mask_window(s, t0, k0, G, window);
         else
           s.narrow(2, t0, len).add_(ws.mask_diag.narrow(0, 0, rows).narrow(1, 0, len));
-        at::softmax_out(p, s, -1);
+        block_softmax(p, s, sinks, nb, Hk, len, G);
         at::bmm_out(o, p, vh.narrow(1, k0, nk));
       } else {
         at::Tensor sq = ws.scores_q.narrow(0, 0, n * rows * nc).view({n, rows, nc});
@@ -341,7 +357,7 @@ void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig&
             for (int64_t col = lo_c; col < hi_c; ++col) row[col] = rq[col];
           }
         });
-        at::softmax_out(p, s, -1);
+        block_softmax(p, s, sinks, nb, Hk, len, G);
         float* pp = p.data_ptr<float>();
         float* pqp = pq.data_ptr<float>();
         at::parallel_for(0, n * rows, grain, [&](int64_t begin, int64_t end) {

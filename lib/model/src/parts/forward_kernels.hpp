@@ -97,7 +97,10 @@ at::Tensor head_logits(const at::Tensor& h, const at::Tensor& head);
 // The G query heads of a KV head are stacked as extra rows (t*G + g), so K and V are never
 // repeated and each query block is a contiguous row range. window > 0: query i sees only keys
 // j > i - window; a block whose keys all lie inside every row's window takes the plain causal path.
-void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window);
+// sinks ([H] fp32, or undefined): head h's softmax gets exp(sinks[h]) in its denominator (gpt-oss),
+// p_j = softmax_j · sigmoid(logsumexp_j - sink), so its row sums to < 1.
+void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window,
+               const at::Tensor& sinks = {});
 
 // attention() with a protected cache (see ProtectedKv): ws.kq, ws.vq hold the coded K (post-RoPE)
 // and V. Pair (i, j) reads the coded side when sink <= j <= i - recent, else the full one. Per
@@ -106,6 +109,6 @@ void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_
 // the probabilities of coded pairs move to a second matrix, so that the output is
 // P_full·V + P_coded·V_coded. A block without coded pairs is attention()'s block, unchanged.
 void attention_protected(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, int64_t sink,
-                         int64_t recent);
+                         int64_t recent, const at::Tensor& sinks = {});
 
 }  // namespace kvq::detail

@@ -120,7 +120,7 @@ bool slot_is_gemm_weight(const Slot& s) {
   if (s.parts.empty() || s.parts[0].shape.size() != 2) return false;
   LayerWeights probe;  // which LayerWeights tensor the slot fills, by address
   const at::Tensor* t = &s.dst(probe);
-  return t != &probe.router && t != &probe.w_kv_b;
+  return t != &probe.router && t != &probe.w_kv_b && t != &probe.expert_gate_up_b && t != &probe.expert_down_b;
 }
 
 at::ScalarType slot_dtype(const Slot& s, Precision p) {

@@ -19,8 +19,17 @@ namespace kvq::detail {
 
 // A checkpoint tensor with the shape the config implies.
 struct WantTensor {
+  WantTensor() = default;
+  WantTensor(std::string n, std::vector<int64_t> s) : name(std::move(n)), shape(std::move(s)) {}
+  WantTensor(std::string n, std::vector<int64_t> s, int64_t r0, std::vector<int64_t> w)
+      : name(std::move(n)), shape(std::move(s)), row0(r0), whole(std::move(w)) {}
   std::string name;
   std::vector<int64_t> shape;
+  // row0 >= 0: rows [row0, row0 + shape[0]) of logical tensor `name` viewed as [rows, cols] (cols
+  // its last dim), whose own shape is `whole` (one expert of gpt-oss's stacked [E, out, in]).
+  int64_t row0 = -1;
+  std::vector<int64_t> whole;
+  const std::vector<int64_t>& stored_shape() const { return row0 >= 0 ? whole : shape; }
 };
 
 // One LayerWeights tensor and the checkpoint tensors it is made of, in check order: one part loads

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <vector>
 
@@ -121,6 +122,43 @@ void route_noaux(const Workspace& ws, const LayerWeights& L, const ModelConfig& 
   });
 }
 
+// gpt-oss's router (HF GptOssTopKRouter, official MLPBlock): logits = W x + b in fp32, the top-k
+// logits (ties to the lower index), softmaxed among themselves.
+void route_topk_softmax(const Workspace& ws, const LayerWeights& L, const ModelConfig& c, std::vector<int32_t>& pick,
+                        std::vector<float>& weight) {
+  const int64_t N = ws.h.size(0), E = c.n_experts, K = c.n_experts_per_tok;
+  const at::Tensor logits = at::addmm(L.router_b, ws.h, L.router.t()).contiguous();  // [N, E]
+  const float* lp = logits.data_ptr<float>();
+  at::parallel_for(0, N, 64, [&](int64_t begin, int64_t end) {
+    std::vector<int32_t> order(static_cast<size_t>(E));
+    for (int64_t t = begin; t < end; ++t) {
+      const float* z = lp + t * E;
+      for (int32_t e = 0; e < E; ++e) order[size_t(e)] = e;
+      std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                        [&](int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); });
+      const float m = z[order[0]];
+      float sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += std::exp(z[order[size_t(k)]] - m);
+      for (int64_t k = 0; k < K; ++k) {
+        pick[size_t(t * K + k)] = order[size_t(k)];
+        weight[size_t(t * K + k)] = std::exp(z[order[size_t(k)]] - m) / sum;
+      }
+    }
+  });
+}
+
+// gpt-oss's expert activation on gu = W_gu x + b_gu [n, 2 I] (rows interleaved: gate = gu[:, 0::2],
+// up = gu[:, 1::2]) into act [n, I]: gate capped above at limit, up clamped to ±limit,
+// act = gate · sigmoid(1.702 gate) · (up + 1).
+void clamped_swiglu(at::Tensor& gu, at::Tensor& act, int64_t I, double limit) {
+  const int64_t n = gu.size(0);
+  at::Tensor pair = gu.view({n, I, 2});
+  at::Tensor gate = pair.select(2, 0), up = pair.select(2, 1);
+  gate.clamp_max_(limit);
+  up.clamp_(-limit, limit).add_(1.0);
+  act.copy_(gate).mul_(1.702).sigmoid_().mul_(gate).mul_(up);
+}
+
 }  // namespace
 
 // x += Σ_kept p_e · SwiGLU_e(ws.h) for the top-k experts of each token. Only chosen experts run:
@@ -130,7 +168,10 @@ void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Ten
   const int64_t N = ws.h.size(0), E = c.n_experts, K = c.n_experts_per_tok, Ie = c.moe_intermediate_size;
   std::vector<int32_t> pick(size_t(N * K));
   std::vector<float> weight(size_t(N * K));
-  if (L.router_bias.defined())
+  const bool gpt_oss = c.swiglu_limit > 0;
+  if (gpt_oss)
+    route_topk_softmax(ws, L, c, pick, weight);
+  else if (L.router_bias.defined())
     route_noaux(ws, L, c, pick, weight);
   else
     route_softmax(ws, L, c, pick, weight);
@@ -153,10 +194,16 @@ void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Ten
     at::Tensor xe = ws.moe_x.narrow(0, 0, n), gu = ws.moe_gate_up.narrow(0, 0, n);
     at::Tensor act = ws.moe_act.narrow(0, 0, n), out = ws.moe_out.narrow(0, 0, n);
     at::index_select_out(xe, ws.h, 0, idx);
-    linear(ws, gu, xe, gate_up_w);
-    at::silu_out(act, gu.narrow(1, 0, Ie));
-    act.mul_(gu.narrow(1, Ie, Ie));
-    linear(ws, out, act, down_w);
+    if (gpt_oss) {  // biases inside: (W_d act(W_gu x + b_gu) + b_d) · w_e
+      linear(ws, gu, xe, gate_up_w, L.expert_gate_up_b[e]);
+      clamped_swiglu(gu, act, Ie, c.swiglu_limit);
+      linear(ws, out, act, down_w, L.expert_down_b[e]);
+    } else {
+      linear(ws, gu, xe, gate_up_w);
+      at::silu_out(act, gu.narrow(1, 0, Ie));
+      act.mul_(gu.narrow(1, Ie, Ie));
+      linear(ws, out, act, down_w);
+    }
     out.mul_(we);
     x.index_add_(0, idx, out);
   }

@@ -43,6 +43,12 @@ struct CalibProvenance {
   // full (files written before it was recorded).
   std::vector<int> layer_window;
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
+  // Attention sinks (gpt-oss; version 6): [n_layers][n_heads], query head h's softmax at layer l is
+  // exp(z_j) / (Σ_j exp(z_j) + exp(attention_sinks[l][h])) — the sink has no value. Empty: none.
+  std::vector<std::vector<double>> attention_sinks;
+  bool has_sinks() const { return !attention_sinks.empty(); }
+  // The sink of query head h at layer l, or -infinity (no sink: the plain softmax).
+  double sink_of(int layer, int head) const;
   std::vector<CorpusFile> corpus;
   std::string tokenizer_path, tokenizer_sha256;
   // How special-token strings in the corpus were encoded ("special": as their ids, as HF does;

@@ -18,11 +18,15 @@ inline constexpr const char* kCalibFormat = "kvq-calibration";
 // scale 192^-1/2 mscale^2): provenance "head_dim_v" / "softmax_scale", /stats@head_dim_v, the V
 // moments, reservoir and held-out V at that dim; the provenance in the /provenance dataset as in 4.
 // Written only for such files; older files read with V at head_dim and scale 1/sqrt(head_dim).
-inline constexpr int64_t kCalibVersion = 5;
+// 6: attention sinks (gpt-oss): provenance "attention_sinks" [n_layers][n_heads], one logit per
+// query head joining every softmax's denominator; the provenance in the /provenance dataset as in 4.
+// Written only for such files; a file of version < 6 with the key is refused.
+inline constexpr int64_t kCalibVersion = 6;
 inline constexpr int64_t kCalibOldestVersion = 1;
 inline constexpr int64_t kCalibAttrProvenanceVersion = 3;     // what a file with the attribute is written at
 inline constexpr int64_t kCalibProvenanceDatasetVersion = 4;
 inline constexpr int64_t kCalibKvDimsVersion = 5;
+inline constexpr int64_t kCalibSinksVersion = 6;
 inline constexpr size_t kCalibProvenanceAttrMax = 60000;       // HDF5's limit is 64 KiB per header message
 inline constexpr size_t kCalibProvenanceMaxBytes = size_t(1) << 30;  // what a reader accepts
 

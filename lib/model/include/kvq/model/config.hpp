@@ -94,6 +94,16 @@ struct ModelConfig {
   double routed_scaling_factor = 1.0;
   int n_group = 0, topk_group = 0;  // 0: plain greedy top-k
 
+  // --- gpt-oss (gpt_oss): attention sinks and its experts ---
+  // One learned logit per query head (LayerWeights::sinks) joins each softmax's denominator; it has
+  // no value, so a row's probabilities sum to < 1.
+  bool attn_sinks = false;
+  // > 0: gpt-oss's router and experts. Router logits W x + b, the top-k logits softmaxed among
+  // themselves; expert e: h = W_gu x + b_gu with gate = h[0::2], up = h[1::2] (interleaved rows),
+  // gate = min(gate, limit), up = clamp(up, -limit, limit), act = gate * sigmoid(1.702 gate) * (up + 1),
+  // y = W_d act + b_d (the bias inside the weighted sum).
+  double swiglu_limit = 0.0;
+
   bool is_mla() const { return kv_lora_rank > 0; }
 
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }

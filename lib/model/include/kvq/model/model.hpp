@@ -81,6 +81,9 @@ class Model {
   Precision precision() const { return precision_; }
   // sha256 of config.json (HF) or of the llama2.c header bytes: identifies the architecture.
   const std::string& config_sha256() const { return config_sha256_; }
+  // The attention sinks (gpt-oss), [n_layers][n_heads] as the forward uses them (fp32); empty when
+  // the model has none.
+  const std::vector<std::vector<float>>& attention_sinks() const;
 
   struct ForwardOptions {
     CaptureObserver* observer = nullptr;
