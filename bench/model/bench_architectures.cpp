@@ -44,6 +44,14 @@ hf::Spec spec(const std::string& family) {
     if (family == "mixtral") s.inter = 256;
   }
   if (family == "mistral") s.sliding_window = 64;
+  if (family == "gpt_oss") {  // MXFP4 experts (8, top-2, width 256), sinks, 64-token windows on even layers
+    s.experts = 8;
+    s.top_k = 2;
+    s.inter = 256;
+    s.sliding_window = 64;
+    s.max_pos = 131072;
+    s.gate_up_scale = 0.05;
+  }
   if (family == "glm4_moe") {  // head_dim 64, half rotating split-half, q/k norm, the noaux router
     s.experts = 8;
     s.top_k = 2;
@@ -151,6 +159,8 @@ void BM_DeepseekV3(benchmark::State& s) { run(s, "deepseek_v3"); }
 void BM_DeepseekV3Stream(benchmark::State& s) { run(s, "deepseek_v3:stream"); }
 void BM_DeepseekV3Fp8Stream(benchmark::State& s) { run(s, "deepseek_v3:fp8:stream"); }
 void BM_Glm4Moe(benchmark::State& s) { run(s, "glm4_moe"); }
+void BM_GptOss(benchmark::State& s) { run(s, "gpt_oss"); }
+void BM_GptOssStream(benchmark::State& s) { run(s, "gpt_oss:stream"); }
 BENCHMARK(BM_Llama)->Apply(args);
 BENCHMARK(BM_Qwen3)->Apply(args);
 BENCHMARK(BM_Qwen3Moe)->Apply(args);
@@ -163,6 +173,8 @@ BENCHMARK(BM_DeepseekV3)->Apply(args);
 BENCHMARK(BM_DeepseekV3Stream)->Apply(args);
 BENCHMARK(BM_DeepseekV3Fp8Stream)->Apply(args);
 BENCHMARK(BM_Glm4Moe)->Apply(args);
+BENCHMARK(BM_GptOss)->Apply(args);
+BENCHMARK(BM_GptOssStream)->Apply(args);
 
 }  // namespace
 

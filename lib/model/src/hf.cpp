@@ -190,7 +190,12 @@ class HfCheckpoint final : public LayerSource {
     for (const Slot& s : plan(l))
       if (&s.dst(probe) == &probe.sinks) {
         const at::Tensor t = load(s.parts[0].name, s.parts[0].shape).contiguous();
-        return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+        std::vector<float> v(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+        for (size_t h = 0; h < v.size(); ++h)
+          if (!std::isfinite(v[h]))
+            throw Error(file_of(s.parts[0].name).path(), "tensor '" + s.parts[0].name + "'",
+                        "sink of head " + std::to_string(h) + " is not finite: " + std::to_string(v[h]));
+        return v;
       }
     return {};
   }
@@ -312,7 +317,13 @@ class HfCheckpoint final : public LayerSource {
     for (const WantTensor& p : s.parts) {
       at::Tensor rows = t.narrow(0, at_row, p.shape[0]);
       for (const std::string& n : stored_names(p.name)) file_of(n).prefault(n);
-      convert_into(p.name, rows, std::max<int64_t>(p.row0, 0));
+      if (p.transposed) {  // stored [in, out]: read as fp32 (exact), transposed into the slot's dtype
+        at::Tensor stored = at::empty({p.shape[1], p.shape[0]}, at::kFloat);
+        convert_into(p.name, stored, std::max<int64_t>(p.row0, 0));
+        rows.copy_(stored.t());
+      } else {
+        convert_into(p.name, rows, std::max<int64_t>(p.row0, 0));
+      }
       drop_stored(p.name);
       at_row += p.shape[0];
     }

@@ -3,8 +3,9 @@
 // softmax (self_attn.sinks), sliding windows on the layers `layer_types` marks (default: even
 // layers slide, odd ones are full), YaRN as config.json states it (truncate: false keeps the
 // ramp's bounds unrounded); every layer an MoE: router W x + b, the top-k logits softmaxed among
-// themselves, experts stacked [E, out, in] in MXFP4 (gate_up rows interleaved gate, up, ...) with
-// biases, the clamped SwiGLU (limit swiglu_limit, alpha 1.702, up + 1). No shared expert, no dense
+// themselves, experts stacked [E, out, in] in MXFP4 (gate_up rows interleaved gate, up, ...) or,
+// in a dequantized checkpoint, as plain [E, in, out] tensors (HF's GptOssExperts: columns
+// interleaved), with biases, the clamped SwiGLU (limit swiglu_limit, alpha 1.702, up + 1). No shared expert, no dense
 // layer, untied head, plain-w RMSNorm.
 #include "gpt_oss.hpp"
 
@@ -30,7 +31,7 @@ void parse_gpt_oss(const ConfigReader& r, ModelConfig* c) {
 
 std::string experts_prefix(int l) { return "model.layers." + std::to_string(l) + ".mlp.experts."; }
 
-LayerPlan gpt_oss_plan(const ModelConfig& c, int l, const TensorIndex&) {
+LayerPlan gpt_oss_plan(const ModelConfig& c, int l, const TensorIndex& t) {
   const LayerNames n = llama_layer_names(l);
   const std::string p = "model.layers." + std::to_string(l) + ".";
   const int64_t D = c.hidden_size, H = c.n_heads, E = c.n_experts, I = c.moe_intermediate_size;
@@ -53,35 +54,38 @@ LayerPlan gpt_oss_plan(const ModelConfig& c, int l, const TensorIndex&) {
   const std::string x = experts_prefix(l);
   one([](LayerWeights& L) -> at::Tensor& { return L.expert_gate_up_b; }, x + "gate_up_proj_bias", {E, 2 * I});
   one([](LayerWeights& L) -> at::Tensor& { return L.expert_down_b; }, x + "down_proj_bias", {E, D});
+  // MXFP4 blocks decode out-major ([E, out, in]); plain tensors are stored [E, in, out].
+  const bool plain = t.owner.count(x + "gate_up_proj") != 0;
   for (int e = 0; e < E; ++e) {
     const size_t i = size_t(e);
+    const WantTensor gate_up = plain ? WantTensor(x + "gate_up_proj", {2 * I, D}, e * D, {E, D, 2 * I}, true)
+                                     : WantTensor(x + "gate_up_proj", {2 * I, D}, e * 2 * I, {E, 2 * I, D});
+    const WantTensor down = plain ? WantTensor(x + "down_proj", {D, I}, e * I, {E, I, D}, true)
+                                  : WantTensor(x + "down_proj", {D, I}, e * D, {E, D, I});
     plan.push_back({[i, E](LayerWeights& L) -> at::Tensor& {
                       L.expert_gate_up.resize(size_t(E));
                       return L.expert_gate_up[i];
                     },
-                    {{x + "gate_up_proj", {2 * I, D}, e * 2 * I, {E, 2 * I, D}}},
+                    {gate_up},
                     e});
     plan.push_back({[i, E](LayerWeights& L) -> at::Tensor& {
                       L.expert_down.resize(size_t(E));
                       return L.expert_down[i];
                     },
-                    {{x + "down_proj", {D, I}, e * D, {E, D, I}}},
+                    {down},
                     e});
   }
   return plan;
 }
 
-// The experts as shipped are MXFP4 (P_blocks + P_scales, out-major). A dequantized checkpoint
-// stores them as plain [E, in, out] tensors (HF's GptOssExperts layout, transposed against the
-// blocks); with hidden == intermediate a shape check cannot tell them apart, so refuse them by name.
-void check_gpt_oss(const ModelConfig& c, const TensorIndex& t, const std::string& config_path) {
+// The experts in one form per layer: both the plain tensor and MXFP4 blocks is ambiguous.
+void check_gpt_oss(const ModelConfig& c, const TensorIndex& t, const std::string&) {
   for (int l = 0; l < c.n_layers; ++l)
     for (const char* w : {"gate_up_proj", "down_proj"}) {
       const std::string name = experts_prefix(l) + w;
-      if (t.owner.count(name))
+      if (t.owner.count(name) && t.owner.count(name + "_blocks"))
         throw Error(t.owner.at(name)->path(), "tensor '" + name + "'",
-                    "plain (dequantized) gpt-oss experts are not read: kvq reads them as shipped, MXFP4 (" + name +
-                        "_blocks / _scales) with quantization_config.quant_method \"mxfp4\" in " + config_path);
+                    "both a plain tensor and MXFP4 blocks ('" + name + "_blocks'): one form per expert tensor");
     }
 }
 

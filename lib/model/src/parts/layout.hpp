@@ -21,14 +21,17 @@ namespace kvq::detail {
 struct WantTensor {
   WantTensor() = default;
   WantTensor(std::string n, std::vector<int64_t> s) : name(std::move(n)), shape(std::move(s)) {}
-  WantTensor(std::string n, std::vector<int64_t> s, int64_t r0, std::vector<int64_t> w)
-      : name(std::move(n)), shape(std::move(s)), row0(r0), whole(std::move(w)) {}
+  WantTensor(std::string n, std::vector<int64_t> s, int64_t r0, std::vector<int64_t> w, bool t = false)
+      : name(std::move(n)), shape(std::move(s)), row0(r0), whole(std::move(w)), transposed(t) {}
   std::string name;
   std::vector<int64_t> shape;
   // row0 >= 0: rows [row0, row0 + shape[0]) of logical tensor `name` viewed as [rows, cols] (cols
   // its last dim), whose own shape is `whole` (one expert of gpt-oss's stacked [E, out, in]).
   int64_t row0 = -1;
   std::vector<int64_t> whole;
+  // The rows are stored transposed: [in, out] (shape[1] rows from row0 of whole's [rows, out] view),
+  // the slot holds [out, in] (a dequantized gpt-oss checkpoint's experts, [E, in, out]).
+  bool transposed = false;
   const std::vector<int64_t>& stored_shape() const { return row0 >= 0 ? whole : shape; }
 };
 
