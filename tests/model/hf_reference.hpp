@@ -6,7 +6,9 @@
 // norms, GQA attention with causal and sliding-window masks, SwiGLU
 // MLP, MoE router softmax / top-k / renormalisation; gpt-oss's attention sinks, YaRN without
 // truncation, softmax-of-top-k router with bias and MXFP4 experts (biases, interleaved gate/up,
-// clamped SwiGLU) (MODEL-FAMILIES-2026.md §3). Slow (O(T^2) loops), for tiny models only.
+// clamped SwiGLU) (MODEL-FAMILIES-2026.md §3); Gemma 3's (1 + w) norms, embedding x bf16(sqrt(D)),
+// per-layer local / global RoPE, query_pre_attn_scalar and GeGLU (§4.1). Slow (O(T^2) loops), for
+// tiny models only.
 //
 // Usage: fill a ref::Model (from_hf() does it for hf_tiny.hpp's tensors), then
 //   std::vector<double> logits = ref::forward(model, ids);          // [T][V] row-major
@@ -37,6 +39,7 @@ struct Layer {
   Vec q_norm, k_norm;       // [hd]; empty: no q/k norm
   Vec post_attn_norm, post_mlp_norm;  // [D]; empty: none (glm4: norm the sublayer output before the add)
   int window = 0;           // 0: full causal; W > 0: query i sees keys j with i - W < j <= i
+  bool local_rope = false;  // Gemma 3 sliding layers: RoPE from Model::inv_freq_local, unscaled
   // Dense SwiGLU MLP (when router is empty)
   Vec w_gate, w_up, w_down;  // [I, D], [I, D], [D, I]
   // MoE
@@ -75,6 +78,19 @@ struct Model {
   double routed_scaling_factor = 1.0;
   Vec embed, final_norm, lm_head;  // [V, D], [D], [V, D]
   std::vector<Layer> layers;
+  // Gemma 3. Every RMSNorm (q/k norms and the final norm included) scales by norm_offset + w.
+  // The embedding rows are multiplied by embed_multiplier (bf16(sqrt(D)));
+  // embed_multiplier_exact is the unrounded value (Options::exact_embed_scale). Layers with
+  // local_rope turn by inv_freq_local; the others by inv_freq / rope_linear_factor. attn_scale > 0
+  // replaces 1/sqrt(hd) (query_pre_attn_scalar^-0.5). gelu_tanh: the MLP is GeGLU with the tanh
+  // GELU instead of SwiGLU. final_softcap > 0: logits = cap · tanh(logits / cap).
+  double norm_offset = 0.0;
+  double embed_multiplier = 1.0, embed_multiplier_exact = 1.0;
+  Vec inv_freq_local;
+  double rope_linear_factor = 1.0;
+  double attn_scale = 0.0;
+  bool gelu_tanh = false;
+  double final_softcap = 0.0;
 };
 
 // theta^(-2j/d) for j < d/2.
@@ -99,6 +115,12 @@ struct Options {
   // renormalisation); gate/up read as halves [0, I) / [I, 2I) instead of interleaved rows.
   bool drop_sinks = false, window_plus_one = false, swap_nibbles = false, drop_swiglu_clamp = false;
   bool softmax_before_topk = false, gate_up_halves = false;
+  // Gemma 3 controls: norms scale by w instead of 1 + w; the global RoPE (theta, scaled) on the
+  // local layers; the local RoPE on the global layers; the linear factor on every layer; a window
+  // one key narrower (W - 1); 1/sqrt(head_dim) instead of query_pre_attn_scalar^-0.5; the
+  // embedding scaled by the exact sqrt(D); the erf GELU instead of the tanh form.
+  bool norm_as_w = false, global_rope_on_local = false, local_rope_on_global = false, scale_rope_everywhere = false;
+  bool window_minus_one = false, scale_by_head_dim = false, exact_embed_scale = false, erf_gelu = false;
   int64_t pos0 = 0;
 };
 
@@ -173,11 +195,12 @@ struct Bf16Emulation {
 
 namespace detail {
 
-inline void rms_norm(const double* x, const Vec& w, int n, double eps, double* out) {
+// x · rsqrt(mean x² + eps) · (offset + w): offset 1 is Gemma 3's norm.
+inline void rms_norm(const double* x, const Vec& w, int n, double eps, double* out, double offset = 0.0) {
   double ss = 0;
   for (int i = 0; i < n; ++i) ss += x[i] * x[i];
   const double inv = 1.0 / std::sqrt(ss / n + eps);
-  for (int i = 0; i < n; ++i) out[i] = x[i] * inv * w[size_t(i)];
+  for (int i = 0; i < n; ++i) out[i] = x[i] * inv * (offset + w[size_t(i)]);
 }
 
 // y[o] = Σ_i W[o][i] x[i] (+ b[o])
@@ -204,12 +227,25 @@ inline void proj(const Vec& W, const Vec& b, const double* x, int out, int in, d
 }
 
 inline double silu(double x) { return x / (1.0 + std::exp(-x)); }
+// gelu_pytorch_tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+inline double gelu_tanh(double x) {
+  const double pi = std::acos(-1.0);
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / pi) * (x + 0.044715 * x * x * x)));
+}
+inline double gelu_erf(double x) { return 0.5 * x * (1.0 + std::erf(x / std::sqrt(2.0))); }
 
-inline void swiglu(const Vec& gate, const Vec& up, const Vec& down, const double* x, int D, int I, double* y) {
+enum class Act { kSilu, kGeluTanh, kGeluErf };
+
+// down(act(gate x) ⊙ up x): SwiGLU, or GeGLU (Gemma) with the tanh or the erf GELU.
+inline void swiglu(const Vec& gate, const Vec& up, const Vec& down, const double* x, int D, int I, double* y,
+                   Act act = Act::kSilu) {
   Vec g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
   proj(gate, {}, x, I, D, g.data());
   proj(up, {}, x, I, D, u.data());
-  for (int i = 0; i < I; ++i) g[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
+  for (int i = 0; i < I; ++i) {
+    const double a = g[size_t(i)];
+    g[size_t(i)] = (act == Act::kSilu ? silu(a) : act == Act::kGeluTanh ? gelu_tanh(a) : gelu_erf(a)) * u[size_t(i)];
+  }
   proj(down, {}, g.data(), D, I, y);
 }
 
@@ -274,26 +310,31 @@ inline void gpt_oss_moe(const Layer& L, const std::vector<Vec>& gu_w, const std:
 inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& opt = {}, Trace* trace = nullptr) {
   using namespace detail;
   const int T = int(ids.size()), D = m.D, H = m.H, Hk = m.Hk, hd = m.hd, G = H / Hk;
+  const double no = opt.norm_as_w ? 0.0 : m.norm_offset;  // every norm's offset
+  const double emb = opt.exact_embed_scale ? m.embed_multiplier_exact : m.embed_multiplier;
+  const Act act = !m.gelu_tanh ? Act::kSilu : opt.erf_gelu ? Act::kGeluErf : Act::kGeluTanh;
   Vec x(static_cast<size_t>(T) * D);
   for (int t = 0; t < T; ++t)
     std::copy_n(m.embed.begin() + ptrdiff_t(static_cast<size_t>(ids[size_t(t)]) * D), D, x.begin() + ptrdiff_t(static_cast<size_t>(t) * D));
+  if (emb != 1.0)
+    for (double& e : x) e *= emb;
   if (trace) *trace = Trace{};
   Vec h(static_cast<size_t>(D)), q(static_cast<size_t>(T) * H * hd), k(static_cast<size_t>(T) * Hk * hd), v(static_cast<size_t>(T) * Hk * hd), tmp(static_cast<size_t>(hd));
   for (const Layer& L : m.layers) {
     for (int t = 0; t < T; ++t) {
-      rms_norm(&x[size_t(t) * D], L.attn_norm, D, m.eps, h.data());
+      rms_norm(&x[size_t(t) * D], L.attn_norm, D, m.eps, h.data(), no);
       proj(L.wq, L.bq, h.data(), H * hd, D, &q[size_t(t) * H * hd]);
       proj(L.wk, L.bk, h.data(), Hk * hd, D, &k[size_t(t) * Hk * hd]);
       proj(L.wv, L.bv, h.data(), Hk * hd, D, &v[size_t(t) * Hk * hd]);
       if (!L.q_norm.empty() && !opt.skip_qk_norm) {
         for (int hh = 0; hh < H; ++hh) {
           double* r = &q[(static_cast<size_t>(t) * H + hh) * hd];
-          rms_norm(r, L.q_norm, hd, m.eps, tmp.data());
+          rms_norm(r, L.q_norm, hd, m.eps, tmp.data(), no);
           std::copy(tmp.begin(), tmp.end(), r);
         }
         for (int hh = 0; hh < Hk; ++hh) {
           double* r = &k[(static_cast<size_t>(t) * Hk + hh) * hd];
-          rms_norm(r, L.k_norm, hd, m.eps, tmp.data());
+          rms_norm(r, L.k_norm, hd, m.eps, tmp.data(), no);
           std::copy(tmp.begin(), tmp.end(), r);
         }
       }
@@ -304,12 +345,22 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
       trace->v.push_back(v);
     }
     const bool adj = m.adjacent_pairs != opt.flip_pairing;
+    // This layer's frequencies: the global ones scaled by rope_linear_factor, or (Gemma 3 local
+    // layers) inv_freq_local unscaled.
+    const bool local = !m.inv_freq_local.empty() && (L.local_rope ? !opt.global_rope_on_local : opt.local_rope_on_global);
+    Vec inv_freq = local ? m.inv_freq_local : m.inv_freq;
+    const double div = local && !opt.scale_rope_everywhere ? 1.0 : m.rope_linear_factor;
+    if (div != 1.0)
+      for (double& f : inv_freq) f /= div;
     for (int t = 0; t < T; ++t) {
-      for (int hh = 0; hh < H; ++hh) rope(&q[(static_cast<size_t>(t) * H + hh) * hd], m.inv_freq, m.attention_factor, opt.pos0 + t, adj);
-      for (int hh = 0; hh < Hk; ++hh) rope(&k[(static_cast<size_t>(t) * Hk + hh) * hd], m.inv_freq, m.attention_factor, opt.pos0 + t, adj);
+      for (int hh = 0; hh < H; ++hh) rope(&q[(static_cast<size_t>(t) * H + hh) * hd], inv_freq, m.attention_factor, opt.pos0 + t, adj);
+      for (int hh = 0; hh < Hk; ++hh) rope(&k[(static_cast<size_t>(t) * Hk + hh) * hd], inv_freq, m.attention_factor, opt.pos0 + t, adj);
     }
     const bool sandwich = !L.post_attn_norm.empty() && !opt.skip_sandwich_norm;
-    const int W = opt.ignore_window ? 0 : L.window + (L.window > 0 && opt.window_plus_one ? 1 : 0);
+    const int W = opt.ignore_window ? 0
+                                    : L.window + (L.window > 0 && opt.window_plus_one ? 1 : 0) -
+                                          (L.window > 1 && opt.window_minus_one ? 1 : 0);
+    const bool own_scale = m.attn_scale > 0 && !opt.scale_by_head_dim;
     const bool sinks = !L.sinks.empty() && !opt.drop_sinks;
     Vec attn(static_cast<size_t>(H) * hd), score(static_cast<size_t>(T)), o(static_cast<size_t>(D)), tmp2(static_cast<size_t>(D));
     Vec x_new = x;
@@ -325,7 +376,7 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
           const double* kj = &k[(static_cast<size_t>(j) * Hk + kh) * hd];
           double s = 0;
           for (int e = 0; e < hd; ++e) s += qi[e] * kj[e];
-          score[size_t(j)] = s / std::sqrt(double(hd));
+          score[size_t(j)] = own_scale ? s * m.attn_scale : s / std::sqrt(double(hd));
           mx = std::max(mx, score[size_t(j)]);
         }
         double z = sinks ? std::exp(L.sinks[size_t(hh)] - mx) : 0.0;
@@ -339,7 +390,7 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
       }
       proj(L.wo, L.bo, attn.data(), D, H * hd, o.data());
       if (sandwich) {
-        rms_norm(o.data(), L.post_attn_norm, D, m.eps, tmp2.data());
+        rms_norm(o.data(), L.post_attn_norm, D, m.eps, tmp2.data(), no);
         o.swap(tmp2);
       }
       for (int e = 0; e < D; ++e) x_new[size_t(i) * D + e] += o[size_t(e)];
@@ -358,7 +409,7 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
     }
     for (int t = 0; t < T; ++t) {
       double* xt = &x[size_t(t) * D];
-      rms_norm(xt, L.ffn_norm, D, m.eps, h.data());
+      rms_norm(xt, L.ffn_norm, D, m.eps, h.data(), no);
       if (!L.gu_blocks.empty()) {
         gpt_oss_moe(L, gu_w, down_w, h.data(), D, m.top_k, opt, o.data());
         for (int e = 0; e < D; ++e) xt[e] += o[size_t(e)];
@@ -366,9 +417,9 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
       }
       if (L.router.empty()) {
         const int I = int(L.w_gate.size() / size_t(D));
-        swiglu(L.w_gate, L.w_up, L.w_down, h.data(), D, I, o.data());
+        swiglu(L.w_gate, L.w_up, L.w_down, h.data(), D, I, o.data(), act);
         if (sandwich) {
-          rms_norm(o.data(), L.post_mlp_norm, D, m.eps, tmp2.data());
+          rms_norm(o.data(), L.post_mlp_norm, D, m.eps, tmp2.data(), no);
           o.swap(tmp2);
         }
         for (int e = 0; e < D; ++e) xt[e] += o[size_t(e)];
@@ -443,18 +494,22 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
   }
   Vec logits(static_cast<size_t>(T) * m.V);
   for (int t = 0; t < T; ++t) {
-    rms_norm(&x[size_t(t) * D], m.final_norm, D, m.eps, h.data());
+    rms_norm(&x[size_t(t) * D], m.final_norm, D, m.eps, h.data(), no);
     matvec(m.lm_head, {}, h.data(), m.V, D, &logits[size_t(t) * m.V]);
   }
+  if (m.final_softcap > 0)
+    for (double& l : logits) l = m.final_softcap * std::tanh(l / m.final_softcap);
   return logits;
 }
 
 // The reference model of an hf_tiny.hpp checkpoint, read from its tensor names (HF layout).
 inline Model from_glm(const hf::Spec& s, const hf::TensorMap& w);
 inline Model from_gpt_oss(const hf::Spec& s, const hf::TensorMap& w);
+inline Model from_gemma3(const hf::Spec& s, const hf::TensorMap& w);
 
 inline Model from_hf(const hf::Spec& s, const hf::TensorMap& w) {
   if (s.glm()) return from_glm(s, w);
+  if (s.gemma3()) return from_gemma3(s, w);
   if (s.gpt_oss()) return from_gpt_oss(s, w);
   auto get = [&](const std::string& n) -> const Vec& {
     auto it = w.find(n);
@@ -624,6 +679,64 @@ inline Model from_gpt_oss(const hf::Spec& s, const hf::TensorMap& w) {
     L.n_experts = s.experts;
     L.expert_inter = s.inter;
     L.swiglu_limit = s.swiglu_limit;
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+// The reference model of an hf_tiny.hpp Gemma 3 checkpoint (MODEL-FAMILIES-2026.md §4.1, from
+// modeling_gemma3.py), read from its tensors under Spec::text_prefix() (the vision tensors are never
+// read): (1 + w) norms, the input embedding x bf16(sqrt(D)), the sandwich layer (input_layernorm
+// before the attention, post_attention_layernorm on its output before the add,
+// pre_feedforward_layernorm before the MLP, post_feedforward_layernorm on its output), q_norm /
+// k_norm before RoPE, split-half RoPE over head_dim: the sliding layers with rope_local_base_freq
+// unscaled, the full layers with rope_theta / the linear factor; the window W on the sliding layers
+// (from layer_types or the pattern rule), scale query_pre_attn_scalar^-0.5, GeGLU (tanh GELU),
+// tied head without scale, no softcap.
+inline Model from_gemma3(const hf::Spec& s, const hf::TensorMap& w) {
+  auto get = [&](const std::string& n) -> const Vec& {
+    auto it = w.find(n);
+    if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
+    return it->second.v;
+  };
+  const std::string pre = s.text_prefix();
+  Model m;
+  m.D = s.hidden;
+  m.H = s.heads;
+  m.Hk = s.kv_heads;
+  m.hd = s.head_dim;
+  m.V = s.vocab;
+  m.eps = s.eps;
+  m.norm_offset = 1.0;
+  // HF: sqrt(hidden) cast to the weight dtype (BF16) before the multiply.
+  m.embed_multiplier = hf::bf16_round(std::sqrt(double(s.hidden)));
+  m.embed_multiplier_exact = std::sqrt(double(s.hidden));
+  m.inv_freq = default_inv_freq(s.theta, s.head_dim);
+  m.inv_freq_local = default_inv_freq(s.rope_local_theta, s.head_dim);
+  m.rope_linear_factor = s.rope_linear_factor > 0 ? s.rope_linear_factor : 1.0;
+  m.attn_scale = 1.0 / std::sqrt(s.query_pre_attn_scalar > 0 ? s.query_pre_attn_scalar : double(s.head_dim));
+  m.gelu_tanh = true;
+  m.embed = get(pre + "embed_tokens.weight");
+  m.final_norm = get(pre + "norm.weight");
+  m.lm_head = m.embed;
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = pre + "layers." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = get(p + "input_layernorm.weight");
+    L.post_attn_norm = get(p + "post_attention_layernorm.weight");
+    L.ffn_norm = get(p + "pre_feedforward_layernorm.weight");
+    L.post_mlp_norm = get(p + "post_feedforward_layernorm.weight");
+    L.wq = get(p + "self_attn.q_proj.weight");
+    L.wk = get(p + "self_attn.k_proj.weight");
+    L.wv = get(p + "self_attn.v_proj.weight");
+    L.wo = get(p + "self_attn.o_proj.weight");
+    L.q_norm = get(p + "self_attn.q_norm.weight");
+    L.k_norm = get(p + "self_attn.k_norm.weight");
+    L.w_gate = get(p + "mlp.gate_proj.weight");
+    L.w_up = get(p + "mlp.up_proj.weight");
+    L.w_down = get(p + "mlp.down_proj.weight");
+    L.local_rope = s.layer_type(l) == "sliding_attention";
+    L.window = s.window_of(l);
     m.layers.push_back(std::move(L));
   }
   return m;

@@ -47,7 +47,7 @@ inline float bf16_to_f32(uint16_t h) {
 inline double bf16_round(double x) { return double(bf16_to_f32(f32_to_bf16(float(x)))); }
 
 // family: llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral | chatglm | glm | glm4 |
-// deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss (the HF model_type). The GLM-4 forms: chatglm in ChatGLM's own keys and tensor names (fused
+// deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss | gemma3_text | gemma3 (the HF model_type). The GLM-4 forms: chatglm in ChatGLM's own keys and tensor names (fused
 // query_key_value with bias, dense_h_to_4h), glm / glm4 in the Llama layout with split q/k/v +
 // bias and a fused gate_up_proj, glm4 with the sandwich norms.
 struct Spec {
@@ -95,6 +95,22 @@ struct Spec {
   int yarn_original = 4096;
   double sink_scale = 1.0, gate_up_scale = 0.2, bias_scale = 0.2;
   double swiglu_limit = 7.0;
+  // gemma3_text / gemma3 (HF Gemma3TextConfig; MODEL-FAMILIES-2026.md §4.1): head_dim, kv_heads,
+  // sliding_window and layer_types as above (HF's default rule: sliding unless (l + 1) %
+  // sliding_window_pattern == 0); with write_sliding_window_pattern the config states
+  // sliding_window_pattern (the transformers 4.50 form) instead of layer_types. rope_theta (theta)
+  // for the full layers, rope_local_base_freq (rope_local_theta) for the sliding ones;
+  // rope_linear_factor > 0 writes rope_scaling {"rope_type": "linear", "factor": F} (full layers
+  // only), 0 writes null. query_pre_attn_scalar (0: head_dim). Every norm weight is an offset w
+  // (the norm multiplies by 1 + w): N(0, norm_jitter), q/k norms N(0, qk_norm_jitter). Tied head.
+  // gemma3 is the multimodal wrapper: the text fields under text_config, a dummy vision_config, the
+  // text tensors under language_prefix ("language_model.model." as transformers 4.50 saves,
+  // "model.language_model." as v5 does) and a few vision_tower / multi_modal_projector tensors
+  // (under "model." too in the v5 form) that a reader must ignore.
+  double rope_local_theta = 10000.0, rope_linear_factor = 0.0, query_pre_attn_scalar = 0.0;
+  int sliding_window_pattern = 6;
+  bool write_sliding_window_pattern = false;
+  std::string language_prefix = "language_model.model.";
 
   bool glm() const { return family == "chatglm" || family == "glm" || family == "glm4"; }
   bool deepseek() const { return family == "deepseek_v2" || family == "deepseek_v3"; }
@@ -103,10 +119,14 @@ struct Spec {
   // with e_score_correction_bias, n_shared_experts, first_k_dense_replace, an MTP layer (mtp).
   bool glm4_moe() const { return family == "glm4_moe"; }
   bool gpt_oss() const { return family == "gpt_oss"; }
-  // gpt_oss: layer l's type as the config states it, else HF's default rule.
+  bool gemma3() const { return family == "gemma3" || family == "gemma3_text"; }
+  // The prefix of the Gemma 3 text model's tensors (embed_tokens, layers.N., norm).
+  std::string text_prefix() const { return family == "gemma3" ? language_prefix : "model."; }
+  // gpt_oss / gemma3: layer l's type as the config states it, else HF's default rule.
   std::string layer_type(int l) const {
     if (!layer_types.empty()) return layer_types[size_t(l)];
-    return (l + 1) % 2 ? "sliding_attention" : "full_attention";
+    const int pattern = gemma3() ? sliding_window_pattern : 2;
+    return (l + 1) % pattern ? "sliding_attention" : "full_attention";
   }
 
   bool moe() const {
@@ -125,7 +145,7 @@ struct Spec {
   // The attention window of layer l as transformers applies it (0: full causal).
   int window_of(int l) const {
     if (family == "mistral" || family == "mixtral") return sliding_window;
-    if (gpt_oss()) return layer_type(l) == "sliding_attention" ? sliding_window : 0;
+    if (gpt_oss() || gemma3()) return layer_type(l) == "sliding_attention" ? sliding_window : 0;
     if (!use_sliding_window) return 0;
     if (family == "qwen3_moe") return sliding_window;
     return l >= max_window_layers ? sliding_window : 0;
@@ -146,6 +166,8 @@ inline const char* class_of(const std::string& family) {
   if (family == "deepseek_v3") return "DeepseekV3ForCausalLM";
   if (family == "glm4_moe") return "Glm4MoeForCausalLM";
   if (family == "gpt_oss") return "GptOssForCausalLM";
+  if (family == "gemma3_text") return "Gemma3ForCausalLM";
+  if (family == "gemma3") return "Gemma3ForConditionalGeneration";
   throw std::invalid_argument("unknown family " + family);
 }
 
@@ -314,9 +336,75 @@ inline nlohmann::json make_gpt_oss_config(const Spec& s) {
   return c;
 }
 
+// Gemma 3's config.json (HF Gemma3TextConfig keys, as google/gemma-3-1b-it ships them, tiny
+// shape); gemma3: Gemma3Config with these under text_config (model_type gemma3_text) and a dummy
+// SigLIP vision_config. Spec::extra is merged into the text fields.
+inline nlohmann::json make_gemma3_config(const Spec& s) {
+  using nlohmann::json;
+  json t = {{"model_type", "gemma3_text"},
+            {"vocab_size", s.vocab},
+            {"hidden_size", s.hidden},
+            {"intermediate_size", s.inter},
+            {"num_hidden_layers", s.layers},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.kv_heads},
+            {"head_dim", s.head_dim},
+            {"hidden_activation", "gelu_pytorch_tanh"},
+            {"max_position_embeddings", s.max_pos},
+            {"rms_norm_eps", s.eps},
+            {"rope_theta", s.theta},
+            {"rope_local_base_freq", s.rope_local_theta},
+            {"rope_scaling", s.rope_linear_factor > 0 ? json{{"rope_type", "linear"}, {"factor", s.rope_linear_factor}}
+                                                       : json(nullptr)},
+            {"query_pre_attn_scalar", s.query_pre_attn_scalar > 0 ? s.query_pre_attn_scalar : double(s.head_dim)},
+            {"sliding_window", s.sliding_window},
+            {"final_logit_softcapping", nullptr},
+            {"attn_logit_softcapping", nullptr},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"tie_word_embeddings", true},
+            {"bos_token_id", s.bos_id},
+            {"eos_token_id", s.eos_id},
+            {"pad_token_id", 0},
+            {"initializer_range", 0.02},
+            {"use_cache", true},
+            {"torch_dtype", "bfloat16"}};
+  if (s.write_layer_types) {
+    json lt = json::array();
+    for (int l = 0; l < s.layers; ++l) lt.push_back(s.layer_type(l));
+    t["layer_types"] = lt;
+  }
+  if (s.write_sliding_window_pattern) t["sliding_window_pattern"] = s.sliding_window_pattern;
+  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) t[it.key()] = it.value();
+  if (s.family == "gemma3_text") {
+    t["architectures"] = {class_of(s.family)};
+    return t;
+  }
+  t.erase("torch_dtype");
+  return {{"architectures", {class_of(s.family)}},
+          {"model_type", "gemma3"},
+          {"text_config", t},
+          {"vision_config",
+           {{"model_type", "siglip_vision_model"},
+            {"hidden_size", 16},
+            {"intermediate_size", 32},
+            {"num_hidden_layers", 1},
+            {"num_attention_heads", 2},
+            {"image_size", 32},
+            {"patch_size", 16},
+            {"vision_use_head", false}}},
+          {"mm_tokens_per_image", 4},
+          {"boi_token_index", s.vocab - 3},
+          {"eoi_token_index", s.vocab - 2},
+          {"image_token_index", s.vocab - 1},
+          {"initializer_range", 0.02},
+          {"torch_dtype", "bfloat16"}};
+}
+
 inline nlohmann::json make_config(const Spec& s) {
   using nlohmann::json;
   if (s.family == "chatglm") return make_chatglm_config(s);
+  if (s.gemma3()) return make_gemma3_config(s);
   if (s.gpt_oss()) return make_gpt_oss_config(s);
   if (s.deepseek()) return make_deepseek_config(s);
   if (s.glm4_moe()) return make_glm4_moe_config(s);
@@ -568,6 +656,41 @@ void make_gpt_oss_weights(const Spec& s, Add& add) {
   add("lm_head.weight", {s.vocab, D}, s.scale);
 }
 
+// Gemma 3 (modeling_gemma3.py names, under Spec::text_prefix()): four norms per layer (input,
+// post_attention, pre_feedforward, post_feedforward), q/k/v/o without bias, per-head q_norm /
+// k_norm [head_dim], the GeGLU MLP; every norm weight centred on 0 (the norm scales by 1 + w); no
+// lm_head (tied). gemma3 adds vision_tower / multi_modal_projector tensors that are never read.
+template <typename Add>
+void make_gemma3_weights(const Spec& s, Add& add) {
+  const int64_t D = s.hidden, qd = int64_t(s.heads) * s.head_dim, kvd = int64_t(s.kv_heads) * s.head_dim;
+  const std::string pre = s.text_prefix();
+  add(pre + "embed_tokens.weight", {s.vocab, D}, s.embed_scale);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = pre + "layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {D}, s.norm_jitter);
+    add(p + "post_attention_layernorm.weight", {D}, s.norm_jitter);
+    add(p + "pre_feedforward_layernorm.weight", {D}, s.norm_jitter);
+    add(p + "post_feedforward_layernorm.weight", {D}, s.norm_jitter);
+    add(p + "self_attn.q_proj.weight", {qd, D}, s.scale);
+    add(p + "self_attn.k_proj.weight", {kvd, D}, s.scale);
+    add(p + "self_attn.v_proj.weight", {kvd, D}, s.scale);
+    add(p + "self_attn.o_proj.weight", {D, qd}, s.scale);
+    add(p + "self_attn.q_norm.weight", {s.head_dim}, s.qk_norm_jitter);
+    add(p + "self_attn.k_norm.weight", {s.head_dim}, s.qk_norm_jitter);
+    add(p + "mlp.gate_proj.weight", {s.inter, D}, s.scale);
+    add(p + "mlp.up_proj.weight", {s.inter, D}, s.scale);
+    add(p + "mlp.down_proj.weight", {D, s.inter}, s.scale);
+  }
+  add(pre + "norm.weight", {D}, s.norm_jitter);
+  if (s.family == "gemma3") {
+    const std::string mm = s.language_prefix == "model.language_model." ? "model." : "";
+    add(mm + "vision_tower.vision_model.embeddings.patch_embedding.weight", {16, 3, 2, 2}, s.scale);
+    add(mm + "vision_tower.vision_model.post_layernorm.weight", {16}, s.norm_jitter, 1.0);
+    add(mm + "multi_modal_projector.mm_input_projection_weight", {16, D}, s.scale);
+    add(mm + "multi_modal_projector.mm_soft_emb_norm.weight", {16}, s.norm_jitter);
+  }
+}
+
 inline void quantize_mxfp4(TensorMap& m, const std::string& name);
 
 inline TensorMap make_weights(const Spec& s) {
@@ -594,6 +717,10 @@ inline TensorMap make_weights(const Spec& s) {
   }
   if (s.glm4_moe()) {
     make_glm4_moe_weights(s, add);
+    return m;
+  }
+  if (s.gemma3()) {
+    make_gemma3_weights(s, add);
     return m;
   }
   if (s.gpt_oss()) {

@@ -22,7 +22,7 @@ namespace hf = kvq::test::hf;
 
 const char* kUsage =
     "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4|deepseek_v2|\n"
-    "                                 deepseek_v3-fp8|glm4_moe|gpt_oss\n"
+    "                                 deepseek_v3-fp8|glm4_moe|gpt_oss|gemma3_text|gemma3\n"
     "                        --out DIR\n"
     "                        [--seed S] [--scale X]\n"
     "                        [--layers N] [--head-dim D] [--kv-heads H]\n"
@@ -49,7 +49,13 @@ const char* kUsage =
     "            1 shared expert, an MTP layer), Qwen-style tokenizer;\n"
     "            gpt_oss: gpt-oss's layout (attention sinks, q/k/v/o biases, even layers sliding over 16\n"
     "            tokens, YaRN factor 32 without truncation, 4 experts top-2 with router and expert\n"
-    "            biases, interleaved gate/up, clamped SwiGLU, experts in MXFP4), Qwen-style tokenizer\n"
+    "            biases, interleaved gate/up, clamped SwiGLU, experts in MXFP4), Qwen-style tokenizer;\n"
+    "            gemma3_text: Gemma 3 1B's layout (7 layers: 0-4 and 6 sliding over 16 tokens, 5 full;\n"
+    "            head_dim 32, query_pre_attn_scalar 48, local RoPE 1e4 / global 1e6, (1 + w) norms, four per\n"
+    "            layer, q/k norms, GeGLU, embedding x bf16(sqrt(hidden)), tied head); gemma3: the same\n"
+    "            inside the multimodal wrapper (text_config, language_model.model. tensors, dummy vision\n"
+    "            tensors) with linear RoPE scaling x8 on the full layers; both with the Llama-3-style\n"
+    "            tokenizer, which prepends BOS (Gemma needs it)\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
     "  --scale   std of the weights (default 0.02)\n"
@@ -303,10 +309,22 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
     s.max_pos = 131072;
     s.gate_up_scale = scale;
     s.bias_scale = scale;
+  } else if (family == "gemma3_text" || family == "gemma3") {
+    s.family = family;
+    s.layers = 7;
+    s.head_dim = 32;  // != hidden / heads
+    s.query_pre_attn_scalar = 48;
+    s.sliding_window = 16;
+    s.theta = 1e6;
+    s.rope_local_theta = 1e4;
+    s.rope_linear_factor = family == "gemma3" ? 8.0 : 0.0;
+    s.max_pos = 32768;
+    s.eps = 1e-6;
+    s.tied = true;
   } else {
     throw std::invalid_argument("--family: unknown '" + family +
                                 "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4, deepseek_v2, "
-                                "deepseek_v3-fp8, glm4_moe, gpt_oss)");
+                                "deepseek_v3-fp8, glm4_moe, gpt_oss, gemma3_text, gemma3)");
   }
   return s;
 }
@@ -398,7 +416,9 @@ int run(int argc, char** argv) {
   }
   // GLM-4's own tokenizer is a tiktoken rank file; these tiny models carry the Qwen-style
   // byte-level BPE tokenizer.json (no BOS), which the GLM-4 -hf repos also ship.
-  // gpt-oss's own tokenizer (o200k_harmony) prepends no BOS either.
+  // gpt-oss's own tokenizer (o200k_harmony) prepends no BOS either. Gemma 3's own tokenizer is
+  // SentencePiece (<bos> = 2, prepended); its tiny models carry the Llama-3-style tokenizer.json,
+  // whose template prepends BOS too (the BOS/EOS ids are that tokenizer's).
   const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe" || s.glm() || s.glm4_moe() ||
                     s.gpt_oss();
   const Tok tok = make_tokenizer(qwen);

@@ -159,6 +159,13 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
     prov.rope_type = to_string(cfg.rope_scaling.type);
     prov.rope_inv_freq = rp.inv_freq;
     prov.rope_attention_factor = rp.attention_factor;
+    if (cfg.rope_local_theta > 0) {  // Gemma 3: the local layers' own RoPE
+      const RopeParams lp = local_rope_params(cfg);
+      prov.rope_local_inv_freq = lp.inv_freq;
+      prov.rope_local_attention_factor = lp.attention_factor;
+      for (int l = 0; l < cfg.n_layers; ++l)
+        if (cfg.local_rope(l)) prov.rope_local_layers.push_back(l);
+    }
   }
   prov.head_dim = cfg.head_dim;
   prov.head_dim_v = cfg.head_dim_v;

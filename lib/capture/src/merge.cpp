@@ -19,7 +19,8 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
   if (pa.rotary_dim != pb.rotary_dim)
     refuse("provenance.rotary_dim", std::to_string(pa.rotary_dim), std::to_string(pb.rotary_dim));
   if (pa.rope_type != pb.rope_type || pa.rope_inv_freq != pb.rope_inv_freq ||
-      pa.rope_attention_factor != pb.rope_attention_factor)
+      pa.rope_attention_factor != pb.rope_attention_factor || pa.rope_local_inv_freq != pb.rope_local_inv_freq ||
+      pa.rope_local_attention_factor != pb.rope_local_attention_factor || pa.rope_local_layers != pb.rope_local_layers)
     refuse("provenance.rope_inv_freq", pa.rope_type, pb.rope_type + " (different RoPE)");
   if (pa.tokenizer_sha256 != pb.tokenizer_sha256)
     refuse("provenance.tokenizer_sha256", pa.tokenizer_sha256, pb.tokenizer_sha256);

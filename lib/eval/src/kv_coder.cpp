@@ -70,9 +70,9 @@ void KvCoder::code(int layer, float* k, float* v, int n, const int64_t* position
       for (int t = 0; t < m; ++t) std::copy_n(base + size_t(t) * row, d, x.data() + size_t(t) * d);
       const bool post = side == Side::kK && c.decision().post_rope;
       // The forward's RoPE length is its last position + 1 (only `dynamic` RoPE depends on it).
-      if (post) apply_rope(x.data(), 1, m, d, positions + t0, cfg_, false, positions[n - 1] + 1);
+      if (post) apply_rope(x.data(), 1, m, d, positions + t0, cfg_, false, positions[n - 1] + 1, layer);
       c.round_trip(x.data(), m, y.data());
-      if (post) apply_rope(y.data(), 1, m, d, positions + t0, cfg_, true, positions[n - 1] + 1);
+      if (post) apply_rope(y.data(), 1, m, d, positions + t0, cfg_, true, positions[n - 1] + 1, layer);
       for (int t = 0; t < m; ++t) std::copy_n(y.data() + size_t(t) * d, d, base + size_t(t) * row);
     }
   });

@@ -1,5 +1,6 @@
 #include "kvq/io/calib_file.hpp"
 
+#include <algorithm>
 #include <limits>
 #include <type_traits>
 
@@ -22,6 +23,10 @@ using h5path::leaf;
 
 double CalibProvenance::attn_scale() const {
   return softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim));
+}
+
+bool CalibProvenance::local_rope(int layer) const {
+  return has_local_rope() && std::find(rope_local_layers.begin(), rope_local_layers.end(), layer) != rope_local_layers.end();
 }
 
 double CalibProvenance::sink_of(int layer, int head) const {
@@ -50,6 +55,11 @@ std::string provenance_to_json(const CalibProvenance& p) {
   j["gqa_map"] = p.gqa_map;
   j["layer_window"] = p.layer_window;
   if (p.has_sinks()) j["attention_sinks"] = p.attention_sinks;  // version 6; other files keep their bytes
+  if (p.has_local_rope()) {  // version 7
+    j["rope_local_inv_freq"] = p.rope_local_inv_freq;
+    j["rope_local_attention_factor"] = p.rope_local_attention_factor;
+    j["rope_local_layers"] = p.rope_local_layers;
+  }
   json files = json::array();
   for (const auto& f : p.corpus)
     files.push_back({{"path", f.path}, {"sha256", f.sha256}, {"bytes", f.bytes}, {"replaced_bytes", f.replaced_bytes}});
@@ -174,6 +184,22 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
     for (int w : p.layer_window)
       if (w < 0) throw Error(file, "provenance.layer_window", "negative window " + std::to_string(w));
   }
+  if (j.contains("rope_local_inv_freq")) {  // version 7
+    get("rope_local_inv_freq", p.rope_local_inv_freq);
+    get("rope_local_attention_factor", p.rope_local_attention_factor);
+    get("rope_local_layers", p.rope_local_layers);
+    if (p.rope_local_inv_freq.size() != p.rope_inv_freq.size())
+      throw Error(file, "provenance.rope_local_inv_freq",
+                  std::to_string(p.rope_local_inv_freq.size()) + " frequencies, rope_inv_freq has " +
+                      std::to_string(p.rope_inv_freq.size()));
+    for (double f : p.rope_local_inv_freq)
+      if (!std::isfinite(f) || !(f > 0)) throw Error(file, "provenance.rope_local_inv_freq", "not a positive number: " + json(f).dump());
+    if (!std::isfinite(p.rope_local_attention_factor) || !(p.rope_local_attention_factor > 0))
+      throw Error(file, "provenance.rope_local_attention_factor", json(p.rope_local_attention_factor).dump() + " is not a positive number");
+    for (int l : p.rope_local_layers)
+      if (l < 0 || l >= p.n_layers)
+        throw Error(file, "provenance.rope_local_layers", "layer " + std::to_string(l) + " outside [0, " + std::to_string(p.n_layers) + ")");
+  }
   if (j.contains("attention_sinks")) {  // version 6
     get("attention_sinks", p.attention_sinks);
     if (p.attention_sinks.size() != size_t(std::max(0, p.n_layers)))
@@ -272,9 +298,10 @@ void write_calib(const std::string& path, const CalibFile& c) {
         throw Error(path, "provenance.head_dim_v",
                     std::to_string(c.prov.v_dim()) + " disagrees with the moments' value dim " + std::to_string(sh.v_dim()));
       // Versions 5 (kv dims) and 6 (sinks) keep the provenance in the dataset, as version 4 does.
-      const bool sinks = c.prov.has_sinks();
-      const bool in_dataset = kv_dims || sinks || prov.size() > kCalibProvenanceAttrMax;
-      h5::write_attr(root, "version", sinks        ? kCalibSinksVersion
+      const bool sinks = c.prov.has_sinks(), local_rope = c.prov.has_local_rope();
+      const bool in_dataset = kv_dims || sinks || local_rope || prov.size() > kCalibProvenanceAttrMax;
+      h5::write_attr(root, "version", local_rope   ? kCalibLocalRopeVersion
+                                      : sinks      ? kCalibSinksVersion
                                       : kv_dims    ? kCalibKvDimsVersion
                                       : in_dataset ? kCalibProvenanceDatasetVersion
                                                    : kCalibAttrProvenanceVersion);
@@ -394,6 +421,10 @@ CalibFile read_calib(const std::string& path, bool samples) {
   if (c.prov.has_kv_dims() && c.format_version < kCalibKvDimsVersion)
     throw Error(path, c.prov.v_dim() != c.prov.head_dim ? "provenance.head_dim_v" : "provenance.softmax_scale",
                 "needs calibration version >= " + std::to_string(kCalibKvDimsVersion) + ", the file is version " +
+                    std::to_string(c.format_version));
+  if (c.prov.has_local_rope() && c.format_version < kCalibLocalRopeVersion)
+    throw Error(path, "provenance.rope_local_inv_freq",
+                "needs calibration version >= " + std::to_string(kCalibLocalRopeVersion) + ", the file is version " +
                     std::to_string(c.format_version));
   if (c.prov.has_sinks() && c.format_version < kCalibSinksVersion)
     throw Error(path, "provenance.attention_sinks",

@@ -110,4 +110,15 @@ RopeParams rope_params(const ModelConfig& cfg, int64_t seq_len) {
   return p;
 }
 
+RopeParams local_rope_params(const ModelConfig& cfg) {
+  RopeParams p;
+  p.inv_freq = rope_default_inv_freq(cfg.rope_local_theta, cfg.rotary_dim);
+  return p;
+}
+
+RopeParams rope_params(const ModelConfig& cfg, int64_t seq_len, int layer) {
+  if (layer < 0 || !cfg.local_rope(layer)) return rope_params(cfg, seq_len);
+  return local_rope_params(cfg);
+}
+
 }  // namespace kvq

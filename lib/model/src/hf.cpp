@@ -37,7 +37,7 @@ class HfCheckpoint final : public LayerSource {
  public:
   HfCheckpoint(const std::string& dir, const std::string& config_path, const ModelConfig& c, const Family& family,
                Precision precision)
-      : c_(c), family_(family), names_(family.global_names(c)), precision_(precision) {
+      : c_(c), family_(family), precision_(precision) {
     // Where each tensor lives: one file, or the shard named by the index's weight_map.
     const std::string single = (fs::path(dir) / "model.safetensors").string();
     const std::string index = (fs::path(dir) / "model.safetensors.index.json").string();
@@ -82,6 +82,7 @@ class HfCheckpoint final : public LayerSource {
       return it == t_.owner.end() ? nullptr : it->second;
     };
     lookup_.where = t_.source;
+    names_ = family.global_names(c, t_);
     const int64_t D = c.hidden_size, V = c.vocab_size;
     // Validate everything before converting anything.
     if (family.check_weights) family.check_weights(c, t_, config_path);
@@ -327,6 +328,7 @@ class HfCheckpoint final : public LayerSource {
       drop_stored(p.name);
       at_row += p.shape[0];
     }
+    if (s.offset != 0) t.add_(s.offset);
     dst = t;
   }
 
@@ -367,6 +369,7 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
   const ModelConfig& c = *cfg;
   auto ckpt = std::make_shared<HfCheckpoint>(dir, config_path, c, *find_family(c.architecture), precision);
   w->final_norm = ckpt->load(ckpt->names().final_norm, {c.hidden_size});
+  if (ckpt->names().final_norm_offset != 0) w->final_norm.add_(ckpt->names().final_norm_offset);
   if (c.attn_sinks)  // small ([H] a layer), kept apart so that a streamed model knows them before a forward
     for (int l = 0; l < c.n_layers; ++l) w->sinks.push_back(ckpt->sinks(l));
   if (stream) {

@@ -116,11 +116,14 @@ Pass make_pass(const at::Tensor& ids, const ModelConfig& c, int64_t pos0, const 
   for (int64_t t = 0; t < p.T; ++t) p.positions[size_t(t)] = pos0 + t;
   // `dynamic` RoPE depends on the length run: HF takes the largest position + 1.
   p.rope = make_rope_table(p.positions.data(), int(p.T), rope_params(c, pos0 + p.T), false);
+  if (c.rope_local_theta > 0)  // Gemma 3: the local layers' own RoPE
+    p.rope_local = make_rope_table(p.positions.data(), int(p.T), local_rope_params(c), false);
   const at::Tensor flat = ids.view({p.B * p.T});
   // The residual stream, a fresh copy of the embedding rows (gathered from the checkpoint when
   // streamed: the same fp32 values as the converted table's rows).
   at::Tensor e = w.source ? w.source->embed_rows(flat) : at::index_select(w.embed, 0, flat);
   if (e.scalar_type() != at::kFloat) e = e.to(at::kFloat);  // a BF16 table's rows, widened
+  if (c.embed_multiplier > 0) e.mul_(c.embed_multiplier);   // Gemma: x sqrt(hidden) (a fresh tensor here)
   if (hidden) {
     p.x = at::from_blob(hidden, {p.B * p.T, int64_t(c.hidden_size)}, at::kFloat);
     p.x.copy_(e);
@@ -357,17 +360,17 @@ Precision default_precision() {
 }
 
 void apply_rope_windows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,
-                        const int64_t* positions, const ModelConfig& cfg, bool inverse, int64_t rope_len) {
+                        const int64_t* positions, const ModelConfig& cfg, bool inverse, int64_t rope_len, int layer) {
   KVQ_ASSERT(cfg.rotary_dim >= 2 && cfg.rotary_dim <= head_dim && cfg.rotary_dim % 2 == 0);
   if (seq <= 0 || n_windows <= 0) return;
   if (rope_len <= 0) rope_len = *std::max_element(positions, positions + seq) + 1;
-  const RopeTable tab = make_rope_table(positions, seq, rope_params(cfg, rope_len), inverse);
+  const RopeTable tab = make_rope_table(positions, seq, rope_params(cfg, rope_len, layer), inverse);
   rope_rows(x, n_windows, seq, rows_per_pos, head_dim, tab, cfg.pairing, inverse);
 }
 
 void apply_rope(float* x, int64_t rows_per_pos, int seq, int head_dim, const int64_t* positions,
-                const ModelConfig& cfg, bool inverse, int64_t rope_len) {
-  apply_rope_windows(x, 1, seq, rows_per_pos, head_dim, positions, cfg, inverse, rope_len);
+                const ModelConfig& cfg, bool inverse, int64_t rope_len, int layer) {
+  apply_rope_windows(x, 1, seq, rows_per_pos, head_dim, positions, cfg, inverse, rope_len, layer);
 }
 
 int set_threads(int n) {

@@ -46,7 +46,6 @@ LayerPrecisionCosts measure_head_costs(const CalibFile& c, int n_k, int n_v, con
   const int64_t n = std::min<int64_t>(c.reservoir.size(), measure_tokens);
   KVQ_ASSERT(n >= 1 && G >= 1 && n_k >= 1 && n_v >= 1);
   const int64_t nq = std::min<int64_t>(n, kNormCorrectionQueries);
-  const codec::RopeSpec rope = calib_rope(c.prov);
   const double scale = c.prov.attn_scale();  // the recorded softmax scale (MLA's), else 1/sqrt(d)
   LayerPrecisionCosts out;
   out.k.assign(size_t(L * H) * size_t(n_k), 0.0);
@@ -73,6 +72,7 @@ LayerPrecisionCosts measure_head_costs(const CalibFile& c, int n_k, int n_v, con
         }
       }
       if (!attention) continue;
+      const codec::RopeSpec rope = calib_rope(c.prov, l);
       // The group's queries, rotated at their own positions: [nq * G][d].
       Mat Q(nq * G, d);
       std::vector<float> row(static_cast<size_t>(d));

@@ -22,11 +22,20 @@ codec::RopeSpec calib_rope(const CalibProvenance& p) {
   return rope;
 }
 
+codec::RopeSpec calib_rope(const CalibProvenance& p, int layer) {
+  codec::RopeSpec rope = calib_rope(p);
+  if (p.local_rope(layer)) {
+    rope.inv_freq = p.rope_local_inv_freq;
+    rope.attention_factor = p.rope_local_attention_factor;
+  }
+  return rope;
+}
+
 std::vector<float> reservoir_rows(const CalibFile& c, int layer, int kv_head, Side side, bool post_rope, int64_t n) {
   const auto sh = c.shape();
   const int d = side_dim(sh, side), L = sh.n_layers, H = sh.n_kv_heads;
   KVQ_ASSERT(n >= 0 && n <= int64_t(c.reservoir.size()));
-  const codec::RopeSpec rope = calib_rope(c.prov);
+  const codec::RopeSpec rope = calib_rope(c.prov, layer);
   const auto& src = side == Side::kK ? c.reservoir.k : c.reservoir.v;
   std::vector<float> x(size_t(n) * size_t(d));
   for (int64_t t = 0; t < n; ++t) {
@@ -49,7 +58,7 @@ NormCorrectionChoice choose_norm_correction(const CalibFile& c, const HeadDecisi
   const int64_t n = std::min<int64_t>(c.reservoir.size(), measure_tokens);
   KVQ_ASSERT(n >= 1);
   const int64_t nq = std::min<int64_t>(n, kNormCorrectionQueries);
-  const codec::RopeSpec rope = calib_rope(c.prov);
+  const codec::RopeSpec rope = calib_rope(c.prov, dec.layer);
   const bool k_side = dec.side == Side::kK;
   const std::vector<float> x = reservoir_rows(c, dec, n);
   // Queries (K only): the group's query heads, rotated at their own positions.

@@ -13,6 +13,8 @@ namespace kvq {
 
 // The RoPE the calibration file records (its windows' own), for post-RoPE K and Q.
 codec::RopeSpec calib_rope(const CalibProvenance& p);
+// The RoPE layer `layer` was run with: calib_rope(p), or its local RoPE (Gemma 3, version 7).
+codec::RopeSpec calib_rope(const CalibProvenance& p, int layer);
 
 // Row (t, layer, head) of one of the reservoir's arrays, laid out [n][L][heads][d] (heads:
 // n_heads for q, n_kv_heads for k and v): d floats.

@@ -111,7 +111,6 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
   const int L = sh.n_layers, H = sh.n_kv_heads, NH = sh.n_heads, d = sh.head_dim, dv = sh.v_dim(),
             gs = sh.group_size();
   const int M = c.holdout.windows, T = c.prov.seq_len;
-  const auto rope = calib_rope(c.prov);
   // The logits' scale: the recorded one (MLA: 192^-1/2 mscale^2), else 1/sqrt(d) as before (in float).
   const double scale = c.prov.softmax_scale > 0 ? c.prov.softmax_scale : double(1.0f / std::sqrt(float(d)));
   CodedReport rep;
@@ -129,6 +128,7 @@ CodedReport evaluate(const CalibFile& c, const std::vector<HeadDecision>& heads,
   std::vector<int> ia, ib;
   for (int l = 0; l < L; ++l) {
     const int W = c.prov.window_of(l);
+    const auto rope = calib_rope(c.prov, l);  // the layer's own (Gemma 3's local layers)
     Accum acc;
     // The GPU path's cache of this layer: codecs per KV head, the rows as coded
     // [window][token][KV head][d] and the post-RoPE queries [window][token][head][d].

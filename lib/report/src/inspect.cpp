@@ -69,6 +69,12 @@ std::string model_block(const CalibProvenance& p) {
                                   : ", inv_freq " + fmt(p.rope_inv_freq.front(), 6) + " .. " +
                                         fmt(p.rope_inv_freq.back(), 6)) +
          "\n";
+  if (p.has_local_rope()) {
+    s += "  local rope   layers";
+    for (int l : p.rope_local_layers) s += " " + std::to_string(l);
+    s += " rotate with their own frequencies (Gemma 3's local RoPE), inv_freq " + fmt(p.rope_local_inv_freq.front(), 6) +
+         " .. " + fmt(p.rope_local_inv_freq.back(), 6) + "\n";
+  }
   if (std::any_of(p.layer_window.begin(), p.layer_window.end(), [](int w) { return w > 0; })) {
     s += "  window       sliding-window attention per layer (0 = full):";
     for (int w : p.layer_window) s += " " + std::to_string(w);

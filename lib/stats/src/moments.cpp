@@ -109,6 +109,19 @@ void Moments::set_amax_rope(RopePairing pairing, int rotary_dim, std::vector<dou
   }
 }
 
+void Moments::set_amax_rope_local(std::vector<double> inv_freq, double attention_factor, const std::vector<int>& layers) {
+  if (inv_freq.size() != amax_inv_freq_.size())
+    throw Error("", "rope_local_inv_freq", std::to_string(inv_freq.size()) + " frequencies for rotary dim " +
+                                               std::to_string(amax_rotary_dim_));
+  amax_local_inv_freq_ = std::move(inv_freq);
+  amax_local_factor_ = attention_factor;
+  amax_local_layer_.assign(size_t(shape_.n_layers), 0);
+  for (int l : layers) {
+    if (l < 0 || l >= shape_.n_layers) throw Error("", "rope_local_layers", "layer " + std::to_string(l) + " out of range");
+    amax_local_layer_[size_t(l)] = 1;
+  }
+}
+
 void Moments::accumulate(const LayerCapture& c) {
   KVQ_ASSERT(c.n_kv_heads == shape_.n_kv_heads && c.n_heads == shape_.n_heads && c.head_dim == shape_.head_dim &&
              c.v_dim() == shape_.v_dim());
@@ -131,12 +144,15 @@ void Moments::accumulate(const LayerCapture& c) {
   // Post-RoPE in double from the captured fp32 pre-RoPE rows: angle = position * inv_freq,
   // (cos, sin) * attention factor, the forward's rotation expression.
   const int nr = amax_rotary_dim_ / 2;
+  const bool local = !amax_local_layer_.empty() && amax_local_layer_[size_t(c.layer)];
+  const std::vector<double>& inv_freq = local ? amax_local_inv_freq_ : amax_inv_freq_;
+  const double factor = local ? amax_local_factor_ : amax_factor_;
   std::vector<double> cs(size_t(c.seq) * 2 * nr);
   for (int t = 0; t < c.seq; ++t)
     for (int i = 0; i < nr; ++i) {
-      const double ang = double(c.positions[t]) * amax_inv_freq_[size_t(i)];
-      cs[(size_t(t) * nr + i) * 2] = std::cos(ang) * amax_factor_;
-      cs[(size_t(t) * nr + i) * 2 + 1] = std::sin(ang) * amax_factor_;
+      const double ang = double(c.positions[t]) * inv_freq[size_t(i)];
+      cs[(size_t(t) * nr + i) * 2] = std::cos(ang) * factor;
+      cs[(size_t(t) * nr + i) * 2 + 1] = std::sin(ang) * factor;
     }
   const size_t lk = size_t(c.layer) * shape_.n_kv_heads, lq = size_t(c.layer) * shape_.n_heads;
   track_amax(c.k, n_tokens, c.seq, shape_.n_kv_heads, d, &cs, amax_pairing_, amax_rotary_dim_, &k_amax[lk]);

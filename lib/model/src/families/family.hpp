@@ -20,8 +20,9 @@ struct Family {
   std::vector<const char*> classes;  // the `architectures` classes that mean it when model_type is absent
   // config.json's keys into c (c->architecture already set); throws kvq::Error naming file and key.
   void (*parse_config)(const ConfigReader& r, ModelConfig* c);
-  // The embedding, final norm and LM head tensors.
-  GlobalNames (*global_names)(const ModelConfig& c);
+  // The embedding, final norm and LM head tensors (t: the checkpoint's tensors, for a family whose
+  // names depend on how it was saved, e.g. Gemma 3's multimodal prefixes; empty when only sizes are asked).
+  GlobalNames (*global_names)(const ModelConfig& c, const TensorIndex& t);
   // Checks of the weights against config.json that name the config key (an expert count, a fused
   // projection's rows, a latent width), run before any tensor's own shape check; may be null.
   void (*check_weights)(const ModelConfig& c, const TensorIndex& t, const std::string& config_path);

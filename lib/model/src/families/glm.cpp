@@ -54,7 +54,7 @@ void parse_glm(const ConfigReader& r, ModelConfig* c) {
   c->sandwich_norm = c->architecture == "glm4";
 }
 
-GlobalNames chatglm_globals(const ModelConfig&) {
+GlobalNames chatglm_globals(const ModelConfig&, const TensorIndex&) {
   return {"transformer.embedding.word_embeddings.weight", "transformer.encoder.final_layernorm.weight",
           "transformer.output_layer.weight"};
 }

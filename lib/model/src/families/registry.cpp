@@ -5,6 +5,7 @@
 
 #include "deepseek.hpp"
 #include "family.hpp"
+#include "gemma3.hpp"
 #include "glm.hpp"
 #include "glm4_moe.hpp"
 #include "gpt_oss.hpp"
@@ -19,7 +20,8 @@ const std::vector<const Family*>& table() {
   static const std::vector<const Family*> rows = {&kLlamaFamily,   &kMistralFamily, &kQwen2Family, &kQwen3Family,
                                                   &kQwen3MoeFamily, &kMixtralFamily, &kChatGlmFamily, &kGlmFamily,
                                                   &kGlm4Family,    &kDeepseekV2Family, &kDeepseekV3Family,
-                                                  &kKimiK2Family,  &kGlm4MoeFamily, &kGptOssFamily};
+                                                  &kKimiK2Family,  &kGlm4MoeFamily, &kGptOssFamily,
+                                                  &kGemma3Family, &kGemma3TextFamily};
   return rows;
 }
 
@@ -38,10 +40,18 @@ const std::vector<Refused>& refused() {
        "GLM-5's DeepSeek sparse attention keeps a second (indexer) cache that kvq does not model"},
       {"gemma", {"GemmaForCausalLM"}, "(1 + w) RMSNorm, GeGLU MLP and scaled embeddings are not implemented"},
       {"gemma2", {"Gemma2ForCausalLM"}, "(1 + w) RMSNorm, GeGLU MLP and logit softcapping are not implemented"},
-      {"gemma3", {"Gemma3ForConditionalGeneration"},
-       "(1 + w) RMSNorm, GeGLU MLP, q/k norm and local/global RoPE are not implemented"},
-      {"gemma3_text", {"Gemma3ForCausalLM"},
-       "(1 + w) RMSNorm, GeGLU MLP, q/k norm and local/global RoPE are not implemented"},
+      {"gemma4", {"Gemma4ForConditionalGeneration"},
+       "Gemma 4's full layers share K and V (attention_k_eq_v) with their own head dim and proportional RoPE, and "
+       "its KV-shared layers keep no cache: not implemented"},
+      {"gemma4_text", {"Gemma4ForCausalLM"},
+       "Gemma 4's full layers share K and V (attention_k_eq_v) with their own head dim and proportional RoPE, and "
+       "its KV-shared layers keep no cache: not implemented"},
+      {"qwen3_5", {"Qwen3_5ForConditionalGeneration"},
+       "Qwen3.5's Gated DeltaNet layers (three of four, no KV cache) are not implemented"},
+      {"qwen3_5_moe", {"Qwen3_5MoeForConditionalGeneration"},
+       "Qwen3.5's Gated DeltaNet layers (three of four, no KV cache) are not implemented"},
+      {"qwen3_next", {"Qwen3NextForCausalLM"},
+       "Qwen3-Next's Gated DeltaNet layers (no KV cache) are not implemented"},
       {"phi3", {"Phi3ForCausalLM"}, "LongRoPE scaling and the fused qkv_proj / gate_up_proj layout are not implemented"},
       {"qwen2_moe", {"Qwen2MoeForCausalLM"}, "shared experts with a sigmoid shared-expert gate are not implemented"}};
   return rows;

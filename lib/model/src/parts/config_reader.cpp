@@ -20,22 +20,22 @@ std::vector<int> ConfigReader::layer_list(const char* key, int n_layers) const {
   std::vector<int> v;
   if (!has(key)) return v;
   const json& x = j_[key];
-  if (!x.is_array()) throw Error(path_, key, "expected a list of layer indices, found " + x.dump());
+  if (!x.is_array()) throw Error(path_, prefix_ + key, "expected a list of layer indices, found " + x.dump());
   for (const json& e : x) {
     if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= n_layers)
-      throw Error(path_, key, "expected layer indices in [0, " + std::to_string(n_layers) + "), found " + x.dump());
+      throw Error(path_, prefix_ + key, "expected layer indices in [0, " + std::to_string(n_layers) + "), found " + x.dump());
     v.push_back(int(e.get<int64_t>()));
   }
   return v;
 }
 
-void parse_rope_scaling(const json& j, const std::string& path, ModelConfig* c) {
+void parse_rope_scaling(const json& j, const std::string& path, ModelConfig* c, const std::string& prefix) {
   const char* key = nullptr;
   for (const char* k : {"rope_parameters", "rope_scaling"})
     if (j.contains(k) && !j[k].is_null()) { key = k; break; }
   if (!key) return;
   const json& rs = j[key];
-  const std::string where = std::string(key);
+  const std::string where = prefix + key;
   if (!rs.is_object()) throw Error(path, where, "expected an object, found " + rs.dump());
   const ConfigReader r(rs, path);
   auto field = [&](const char* k) { return where + "." + k; };
@@ -116,7 +116,7 @@ void read_decoder_config(const ConfigReader& r, RopePairing pairing, double defa
   c->n_heads = r.positive_int("num_attention_heads");
   c->n_kv_heads = r.positive_int("num_key_value_heads", c->n_heads);
   if (!r.has("head_dim") && c->hidden_size % c->n_heads != 0)
-    throw Error(path, "hidden_size", std::to_string(c->hidden_size) + " is not divisible by num_attention_heads " +
+    throw Error(path, r.prefix() + "hidden_size", std::to_string(c->hidden_size) + " is not divisible by num_attention_heads " +
                                          std::to_string(c->n_heads) + " (and head_dim is not given)");
   c->head_dim = r.positive_int("head_dim", c->hidden_size / c->n_heads);
   c->intermediate_size = r.positive_int("intermediate_size");
@@ -130,9 +130,9 @@ void read_decoder_config(const ConfigReader& r, RopePairing pairing, double defa
   c->pairing = pairing;
 
   if (c->n_heads % c->n_kv_heads != 0)
-    throw Error(path, "num_key_value_heads", std::to_string(c->n_kv_heads) +
+    throw Error(path, r.prefix() + "num_key_value_heads", std::to_string(c->n_kv_heads) +
                                                  " does not divide num_attention_heads " + std::to_string(c->n_heads));
-  if (c->head_dim % 2 != 0) throw Error(path, "head_dim", std::to_string(c->head_dim) + " is odd");
+  if (c->head_dim % 2 != 0) throw Error(path, r.prefix() + "head_dim", std::to_string(c->head_dim) + " is odd");
 
   // transformers 5 moves partial_rotary_factor into rope_parameters.
   const bool in_params = !r.has("partial_rotary_factor") && j.contains("rope_parameters") &&
@@ -141,22 +141,22 @@ void read_decoder_config(const ConfigReader& r, RopePairing pairing, double defa
   double factor = default_rotary_factor;
   if (in_params || r.has("partial_rotary_factor")) {
     const json& v = in_params ? j["rope_parameters"]["partial_rotary_factor"] : j["partial_rotary_factor"];
-    if (!v.is_number() || !(v.get<double>() > 0)) throw Error(path, factor_key, "expected a positive number, found " + v.dump());
+    if (!v.is_number() || !(v.get<double>() > 0)) throw Error(path, r.prefix() + factor_key, "expected a positive number, found " + v.dump());
     factor = v.get<double>();
   }
-  if (factor > 1.0) throw Error(path, factor_key, std::to_string(factor) + " is above 1");
+  if (factor > 1.0) throw Error(path, r.prefix() + factor_key, std::to_string(factor) + " is above 1");
   c->rotary_dim = static_cast<int>(c->head_dim * factor);
   if (c->rotary_dim < 2 || c->rotary_dim % 2 != 0)
-    throw Error(path, factor_key,
+    throw Error(path, r.prefix() + factor_key,
                 std::to_string(factor) + " gives rotary dim " + std::to_string(c->rotary_dim) +
                     " for head_dim " + std::to_string(c->head_dim) + " (must be even and >= 2)");
 
   // Features that change the math and are not implemented: refuse rather than compute wrong logits.
   const std::string act = r.string("hidden_act");
   if (!act.empty() && act != "silu")
-    throw Error(path, "hidden_act", "'" + act + "' is not supported (silu)");
-  parse_rope_scaling(j, path, c);
-  if (r.boolean("mlp_bias", false)) throw Error(path, "mlp_bias", "true is not supported");
+    throw Error(path, r.prefix() + "hidden_act", "'" + act + "' is not supported (silu)");
+  parse_rope_scaling(j, path, c, r.prefix());
+  if (r.boolean("mlp_bias", false)) throw Error(path, r.prefix() + "mlp_bias", "true is not supported");
 
 }
 
@@ -168,11 +168,11 @@ std::vector<uint8_t> read_sliding_layers(const ConfigReader& r, int n_layers, co
   }
   const json& lt = r.raw("layer_types");
   if (!lt.is_array() || lt.size() != size_t(n_layers))
-    throw Error(r.path(), "layer_types", "expected a list of " + std::to_string(n_layers) + " layer types, found " + lt.dump());
+    throw Error(r.path(), r.prefix() + "layer_types", "expected a list of " + std::to_string(n_layers) + " layer types, found " + lt.dump());
   for (size_t l = 0; l < lt.size(); ++l) {
     const std::string t = lt[l].is_string() ? lt[l].get<std::string>() : "";
     if (t != "sliding_attention" && t != "full_attention")
-      throw Error(r.path(), "layer_types[" + std::to_string(l) + "]",
+      throw Error(r.path(), r.prefix() + "layer_types[" + std::to_string(l) + "]",
                   "expected \"sliding_attention\" or \"full_attention\", found " + lt[l].dump());
     sliding[l] = t == "sliding_attention";
   }

@@ -17,24 +17,26 @@ using nlohmann::json;
 // Reads config.json values with the file and key in every error.
 class ConfigReader {
  public:
-  ConfigReader(const json& j, std::string path) : j_(j), path_(std::move(path)) {}
+  // prefix: what errors put before a key (a nested object's path, "text_config.").
+  ConfigReader(const json& j, std::string path, std::string prefix = "")
+      : j_(j), path_(std::move(path)), prefix_(std::move(prefix)) {}
 
   bool has(const char* key) const { return j_.contains(key) && !j_[key].is_null(); }
 
   int positive_int(const char* key) const {
-    if (!has(key)) throw Error(path_, key, "missing");
+    if (!has(key)) throw Error(path_, prefix_ + key, "missing");
     const json& v = j_[key];
     if (!v.is_number_integer() || v.get<int64_t>() <= 0 || v.get<int64_t>() > (1 << 30))
-      throw Error(path_, key, "expected a positive integer, found " + v.dump());
+      throw Error(path_, prefix_ + key, "expected a positive integer, found " + v.dump());
     return static_cast<int>(v.get<int64_t>());
   }
   int positive_int(const char* key, int def) const { return has(key) ? positive_int(key) : def; }
 
   double positive_number(const char* key) const {
-    if (!has(key)) throw Error(path_, key, "missing");
+    if (!has(key)) throw Error(path_, prefix_ + key, "missing");
     const json& v = j_[key];
     if (!v.is_number() || !(v.get<double>() > 0))
-      throw Error(path_, key, "expected a positive number, found " + v.dump());
+      throw Error(path_, prefix_ + key, "expected a positive number, found " + v.dump());
     return v.get<double>();
   }
   double positive_number(const char* key, double def) const {
@@ -43,7 +45,7 @@ class ConfigReader {
 
   bool boolean(const char* key, bool def) const {
     if (!has(key)) return def;
-    if (!j_[key].is_boolean()) throw Error(path_, key, "expected true or false, found " + j_[key].dump());
+    if (!j_[key].is_boolean()) throw Error(path_, prefix_ + key, "expected true or false, found " + j_[key].dump());
     return j_[key].get<bool>();
   }
 
@@ -54,19 +56,20 @@ class ConfigReader {
     if (v.is_null()) return -1;
     const json& x = v.is_array() && !v.empty() ? v[0] : v;
     if (!x.is_number_integer() || x.get<int64_t>() < 0)
-      throw Error(path_, key, "expected a token id, found " + v.dump());
+      throw Error(path_, prefix_ + key, "expected a token id, found " + v.dump());
     return static_cast<int>(x.get<int64_t>());
   }
 
   std::string string(const char* key) const {
     if (!has(key)) return "";
-    if (!j_[key].is_string()) throw Error(path_, key, "expected a string, found " + j_[key].dump());
+    if (!j_[key].is_string()) throw Error(path_, prefix_ + key, "expected a string, found " + j_[key].dump());
     return j_[key].get<std::string>();
   }
 
   const json& raw(const char* key) const { return j_[key]; }
   const json& json_object() const { return j_; }
   const std::string& path() const { return path_; }
+  const std::string& prefix() const { return prefix_; }
 
   // A list of layer indices in [0, n_layers) (absent: empty).
   std::vector<int> layer_list(const char* key, int n_layers) const;
@@ -74,11 +77,12 @@ class ConfigReader {
  private:
   const json& j_;
   std::string path_;
+  std::string prefix_;
 };
 
 // `rope_scaling` (transformers <= 4) or `rope_parameters` (transformers 5, which may carry
 // rope_theta itself) into c->rope_scaling; needs c->max_seq_len and c->rope_theta set.
-void parse_rope_scaling(const json& j, const std::string& path, ModelConfig* c);
+void parse_rope_scaling(const json& j, const std::string& path, ModelConfig* c, const std::string& prefix = "");
 
 // The common decoder layout's keys (hidden_size, num_hidden_layers, num_attention_heads,
 // num_key_value_heads, head_dim, intermediate_size, vocab_size, max_position_embeddings,

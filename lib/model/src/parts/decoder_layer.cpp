@@ -65,10 +65,10 @@ void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace
     ws.vq.copy_(ws.v);
     LayerKv kv = layer_kv(ws.kq, ws.vq);
     opts.protected_kv->code(kv);
-    rope_rows(ws.kq.data_ptr<float>(), B, int(T), Hk, int(d), p.rope, c.pairing, false);
+    rope_rows(ws.kq.data_ptr<float>(), B, int(T), Hk, int(d), p.rope_of(c, l), c.pairing, false);
   }
-  rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), p.rope, c.pairing, false);
-  rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), p.rope, c.pairing, false);
+  rope_rows(ws.q.data_ptr<float>(), B, int(T), H, int(d), p.rope_of(c, l), c.pairing, false);
+  rope_rows(ws.k.data_ptr<float>(), B, int(T), Hk, int(d), p.rope_of(c, l), c.pairing, false);
   if (opts.protected_kv)
     attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent, L.sinks);
   else
@@ -89,7 +89,10 @@ void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace
     moe_mlp(ws, L, c, x);
   } else {
     linear(ws, ws.gate_up, ws.h, L.w_gate_up);
-    at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
+    if (c.gelu_tanh_mlp)  // Gemma: GeGLU with the tanh GELU
+      at::gelu_out(ws.act, ws.gate_up.narrow(1, 0, I), "tanh");
+    else
+      at::silu_out(ws.act, ws.gate_up.narrow(1, 0, I));
     ws.act.mul_(ws.gate_up.narrow(1, I, I));
     if (L.post_mlp_norm.defined()) {  // x += norm(mlp(...)); ws.h was consumed by gate_up
       linear(ws, ws.h, ws.act, L.w_down);

@@ -20,7 +20,9 @@ struct Pass {
   int64_t B = 0, T = 0;
   std::vector<int64_t> positions;
   RopeTable rope;
+  RopeTable rope_local;  // Gemma 3's local (sliding) layers' RoPE (ModelConfig::rope_local_theta)
   at::Tensor x;
+  const RopeTable& rope_of(const ModelConfig& c, int layer) const { return c.local_rope(layer) ? rope_local : rope; }
 };
 
 // Layer l of the model on one batch: reads and updates p.x, calls opts' observer and K/V hooks.

@@ -167,7 +167,7 @@ void check_expert_count(const ModelConfig& c, const std::string& config_path, co
 
 namespace kvq::detail {
 
-GlobalNames llama_globals(const ModelConfig&) { return llama_global_names(); }
+GlobalNames llama_globals(const ModelConfig&, const TensorIndex&) { return llama_global_names(); }
 
 LayerPlan llama_plan(const ModelConfig& c, int l, const TensorIndex&) {
   return decoder_plan(c, l, llama_layer_names(l));

@@ -41,6 +41,7 @@ struct Slot {
   std::function<at::Tensor&(LayerWeights&)> dst;
   std::vector<WantTensor> parts;
   int expert = -1;  // a routed expert's slot (its number): a streamed layer converts it when routed to
+  float offset = 0;  // added to every element once converted (Gemma's norms: x · (1 + w) as x · w')
 };
 using LayerPlan = std::vector<Slot>;
 
@@ -59,6 +60,7 @@ struct TensorIndex {
 
 struct GlobalNames {
   std::string embed, final_norm, lm_head;
+  float final_norm_offset = 0;  // added to the final norm's weight (Gemma: 1 + w)
 };
 // model.embed_tokens.weight, model.norm.weight, lm_head.weight.
 GlobalNames llama_global_names();
@@ -120,7 +122,7 @@ namespace kvq::detail {
 
 // The Llama layout as a family's hooks: llama_global_names(), and decoder_plan over
 // llama_layer_names(l).
-GlobalNames llama_globals(const ModelConfig& c);
+GlobalNames llama_globals(const ModelConfig& c, const TensorIndex& t);
 LayerPlan llama_plan(const ModelConfig& c, int l, const TensorIndex& t);
 
 }  // namespace kvq::detail

@@ -29,6 +29,14 @@ struct CalibProvenance {
   std::string rope_type = "default";
   std::vector<double> rope_inv_freq;  // [rotary_dim / 2]
   double rope_attention_factor = 1.0;
+  // Gemma 3 (version 7): the layers listed in rope_local_layers rotate with these frequencies and
+  // factor instead (their local RoPE: the default one at rope_local_base_freq). Empty: every layer
+  // uses rope_inv_freq.
+  std::vector<double> rope_local_inv_freq;
+  double rope_local_attention_factor = 1.0;
+  std::vector<int> rope_local_layers;
+  bool has_local_rope() const { return !rope_local_inv_freq.empty(); }
+  bool local_rope(int layer) const;
   int head_dim = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0;
   // MLA's served cache: a value dim unlike the key's and a logit scale other than 1/sqrt(head_dim)
   // (version 5; absent in older files and whenever they are the defaults, so those keep their bytes).
@@ -122,6 +130,7 @@ inline int side_dim(const CalibProvenance& p, Side side) { return side == Side::
 // Turns on amax tracking in `m` with the RoPE the provenance records (the windows' own).
 inline void track_amax_with(Moments& m, const CalibProvenance& p) {
   m.set_amax_rope(p.pairing, p.rotary_dim, p.rope_inv_freq, p.rope_attention_factor);
+  if (p.has_local_rope()) m.set_amax_rope_local(p.rope_local_inv_freq, p.rope_local_attention_factor, p.rope_local_layers);
 }
 
 // Atomic write (tmp + fsync + rename).

@@ -104,6 +104,16 @@ struct ModelConfig {
   // y = W_d act + b_d (the bias inside the weighted sum).
   double swiglu_limit = 0.0;
 
+  // --- Gemma 3 (gemma3, gemma3_text) ---
+  // > 0: the sliding-window layers rotate with the default RoPE at this base (rope_local_base_freq),
+  // unscaled; the full layers with rope_theta and rope_scaling.
+  double rope_local_theta = 0.0;
+  // The dense MLP is GeGLU with the tanh GELU (hidden_activation gelu_pytorch_tanh), not SwiGLU.
+  bool gelu_tanh_mlp = false;
+  // > 0: the embedding rows are multiplied by it (Gemma: sqrt(hidden_size) rounded to BF16).
+  double embed_multiplier = 0.0;
+  bool local_rope(int layer) const { return rope_local_theta > 0 && window_of(layer) > 0; }
+
   bool is_mla() const { return kv_lora_rank > 0; }
 
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
@@ -122,5 +132,10 @@ std::vector<double> rope_default_inv_freq(double theta, int rotary_dim);
 // factor of cfg.rope_scaling. Only `dynamic` depends on seq_len (NTK base growth past
 // max_seq_len); seq_len <= 0 means max_seq_len.
 RopeParams rope_params(const ModelConfig& cfg, int64_t seq_len);
+// The RoPE of layer `layer`: rope_params(cfg, seq_len), or on a Gemma 3 local layer
+// (cfg.local_rope(layer)) the unscaled default RoPE at cfg.rope_local_theta. layer < 0: the global one.
+RopeParams rope_params(const ModelConfig& cfg, int64_t seq_len, int layer);
+// Gemma 3's local-layer RoPE: theta^(-2i/d_r) at cfg.rope_local_theta, attention factor 1.
+RopeParams local_rope_params(const ModelConfig& cfg);
 
 }  // namespace kvq

@@ -143,14 +143,15 @@ class Model {
 // reference of one vector is codec::reference_apply_rope; both pair coordinates as
 // kvq/format/rope.hpp says). Uses cfg.rotary_dim, cfg.pairing and rope_params(cfg, rope_len); dims
 // at or past rotary_dim are left untouched. rope_len is the length of the forward the positions
-// belong to (only `dynamic` RoPE depends on it); <= 0 means the largest position + 1.
+// belong to (only `dynamic` RoPE depends on it); <= 0 means the largest position + 1. layer >= 0:
+// that layer's RoPE (Gemma 3's local layers have their own: rope_params(cfg, len, layer)).
 void apply_rope(float* x, int64_t rows_per_pos, int seq, int head_dim, const int64_t* positions,
-                const ModelConfig& cfg, bool inverse = false, int64_t rope_len = 0);
+                const ModelConfig& cfg, bool inverse = false, int64_t rope_len = 0, int layer = -1);
 // The same for n_windows windows laid out [n_windows][T][rows_per_pos][head_dim] that share
 // positions[T] (the layout of LayerCapture / LayerKv).
 void apply_rope_windows(float* x, int64_t n_windows, int seq, int64_t rows_per_pos, int head_dim,
                         const int64_t* positions, const ModelConfig& cfg, bool inverse = false,
-                        int64_t rope_len = 0);
+                        int64_t rope_len = 0, int layer = -1);
 
 // Sets LibTorch intra-op threads (n <= 0: all cores). Returns the count set.
 int set_threads(int n);

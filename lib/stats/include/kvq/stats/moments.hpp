@@ -64,6 +64,8 @@ class Moments {
   // Turns amax tracking on: `inv_freq` [rotary_dim / 2] and `attention_factor` as the forward's
   // RoPE (rope_params), applied to the captured pre-RoPE q and k before taking |x|.
   void set_amax_rope(RopePairing pairing, int rotary_dim, std::vector<double> inv_freq, double attention_factor);
+  // Gemma 3: the listed layers rotate with their own frequencies (call after set_amax_rope).
+  void set_amax_rope_local(std::vector<double> inv_freq, double attention_factor, const std::vector<int>& layers);
 
   // Adds one layer's capture (pre-RoPE q, k, v of a batch). Blocked GEMM (symmetric rank-k
   // update) in fp64; the batch is reduced in a fixed order so results do not depend on timing.
@@ -76,6 +78,9 @@ class Moments {
   int amax_rotary_dim_ = 0;
   std::vector<double> amax_inv_freq_;
   double amax_factor_ = 1.0;
+  std::vector<double> amax_local_inv_freq_;
+  double amax_local_factor_ = 1.0;
+  std::vector<uint8_t> amax_local_layer_;  // [n_layers] 1: the layer uses the local RoPE
 };
 
 }  // namespace kvq
