@@ -44,6 +44,10 @@ hf::Spec spec(const std::string& family) {
     if (family == "mixtral") s.inter = 256;
   }
   if (family == "mistral") s.sliding_window = 64;
+  if (family == "gemma3_text") {  // 5 local (64-token window, own RoPE) per global layer: 6 layers
+    s.layers = 6;
+    s.sliding_window = 64;
+  }
   if (family == "gpt_oss") {  // MXFP4 experts (8, top-2, width 256), sinks, 64-token windows on even layers
     s.experts = 8;
     s.top_k = 2;
@@ -160,6 +164,7 @@ void BM_DeepseekV3Stream(benchmark::State& s) { run(s, "deepseek_v3:stream"); }
 void BM_DeepseekV3Fp8Stream(benchmark::State& s) { run(s, "deepseek_v3:fp8:stream"); }
 void BM_Glm4Moe(benchmark::State& s) { run(s, "glm4_moe"); }
 void BM_GptOss(benchmark::State& s) { run(s, "gpt_oss"); }
+void BM_Gemma3(benchmark::State& s) { run(s, "gemma3_text"); }
 void BM_GptOssStream(benchmark::State& s) { run(s, "gpt_oss:stream"); }
 BENCHMARK(BM_Llama)->Apply(args);
 BENCHMARK(BM_Qwen3)->Apply(args);
@@ -174,6 +179,7 @@ BENCHMARK(BM_DeepseekV3Stream)->Apply(args);
 BENCHMARK(BM_DeepseekV3Fp8Stream)->Apply(args);
 BENCHMARK(BM_Glm4Moe)->Apply(args);
 BENCHMARK(BM_GptOss)->Apply(args);
+BENCHMARK(BM_Gemma3)->Apply(args);
 BENCHMARK(BM_GptOssStream)->Apply(args);
 
 }  // namespace

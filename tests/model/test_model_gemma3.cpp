@@ -512,6 +512,54 @@ TEST(Gemma3, StreamedEqualsWholeAndGreedyMatches) {
   }
 }
 
+// transformers 5 writes the RoPE per layer type: rope_parameters {"full_attention": {rope_type,
+// factor, rope_theta}, "sliding_attention": {rope_type, rope_theta}} in place of rope_theta,
+// rope_local_base_freq and rope_scaling. The same checkpoint under either form gives kvq's logits
+// bit for bit. Both thetas are off the readers' defaults (1e4), so a field read from the wrong
+// place shows. Negative controls (each must move the logits by > 1e-2): the linear factor left out
+// of full_attention, the sliding_attention theta left out (the default 1e4).
+TEST(Gemma3, RopeParametersFormEqualsTheClassicForm) {
+  for (const std::string family : {"gemma3_text", "gemma3"}) {
+    SCOPED_TRACE(family);
+    hf::Spec s = spec(4, family);
+    s.theta = 5e5;
+    s.rope_local_theta = 100.0;  // far from the default, so the control below moves the logits
+    s.rope_linear_factor = 8.0;
+    const hf::TensorMap w = hf::make_weights(s);
+    json classic = hf::make_config(s);
+    ASSERT_EQ(text_fields(classic)["rope_scaling"], (json{{"rope_type", "linear"}, {"factor", 8.0}}));
+    auto v5 = [&](const json& full, const json& sliding) {
+      json cfg = classic;
+      json& t = text_fields(cfg);
+      for (const char* k : {"rope_theta", "rope_local_base_freq", "rope_scaling"}) EXPECT_EQ(t.erase(k), 1u) << k;
+      t["rope_parameters"] = {{"full_attention", full}, {"sliding_attention", sliding}};
+      return cfg;
+    };
+    const json full = {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", s.theta}};
+    const json sliding = {{"rope_type", "default"}, {"rope_theta", s.rope_local_theta}};
+    auto logits = [&](const json& cfg, const std::vector<int>& ids) {
+      test::TempDir dir;
+      hf::write_model(dir.str(), cfg, w, 2);
+      return kvq_logits(Model::load(dir.str()), ids);
+    };
+    const ref::Model want = ref::from_hf(s, w);
+    for (uint32_t seed : {21u, 22u}) {
+      const auto ids = prompt(kPrompt, s.vocab, seed);
+      const ref::Vec a = logits(classic, ids), b = logits(v5(full, sliding), ids);
+      EXPECT_TRUE(a == b) << "rope_parameters form differs from the classic form by " << ref::rel_max_diff(b, a);
+      const double to_ref = ref::rel_max_diff(a, ref::forward(want, ids));
+      EXPECT_LT(to_ref, kTol);
+      const double no_factor = ref::rel_max_diff(logits(v5({{"rope_type", "default"}, {"rope_theta", s.theta}}, sliding), ids), a);
+      const double no_local = ref::rel_max_diff(logits(v5(full, {{"rope_type", "default"}}), ids), a);
+      std::cout << "[ info ] gemma3 " << family << " rope_parameters form, prompt seed " << seed
+                << ": max |classic - v5| " << ref::rel_max_diff(b, a) << ", classic vs reference " << to_ref
+                << "; controls: factor left out " << no_factor << ", sliding rope_theta left out " << no_local << "\n";
+      EXPECT_GT(no_factor, kControl);
+      EXPECT_GT(no_local, kControl);
+    }
+  }
+}
+
 TEST(Gemma3, BadInputsRefusedInOneLine) {
   struct Case {
     json patch;  // merged into the text fields

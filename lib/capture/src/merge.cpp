@@ -19,9 +19,21 @@ CalibFile merge_calib(const CalibFile& a, const std::string& na, const CalibFile
   if (pa.rotary_dim != pb.rotary_dim)
     refuse("provenance.rotary_dim", std::to_string(pa.rotary_dim), std::to_string(pb.rotary_dim));
   if (pa.rope_type != pb.rope_type || pa.rope_inv_freq != pb.rope_inv_freq ||
-      pa.rope_attention_factor != pb.rope_attention_factor || pa.rope_local_inv_freq != pb.rope_local_inv_freq ||
-      pa.rope_local_attention_factor != pb.rope_local_attention_factor || pa.rope_local_layers != pb.rope_local_layers)
+      pa.rope_attention_factor != pb.rope_attention_factor)
     refuse("provenance.rope_inv_freq", pa.rope_type, pb.rope_type + " (different RoPE)");
+  // Gemma 3's local layers' RoPE (version 7): which layers, and their frequencies.
+  auto local_rope = [](const CalibProvenance& p) {
+    if (!p.has_local_rope()) return std::string("none");
+    std::string s = "layers";
+    for (int l : p.rope_local_layers) s += " " + std::to_string(l);
+    return s + ", inv_freq[1] " + std::to_string(p.rope_local_inv_freq.size() > 1 ? p.rope_local_inv_freq[1] : 0.0) +
+           ", factor " + std::to_string(p.rope_local_attention_factor);
+  };
+  if (pa.rope_local_inv_freq != pb.rope_local_inv_freq || pa.rope_local_attention_factor != pb.rope_local_attention_factor ||
+      pa.rope_local_layers != pb.rope_local_layers) {
+    const std::string va = local_rope(pa), vb = local_rope(pb);
+    refuse("provenance.rope_local_inv_freq", va, va == vb ? vb + " (other values)" : vb);
+  }
   if (pa.tokenizer_sha256 != pb.tokenizer_sha256)
     refuse("provenance.tokenizer_sha256", pa.tokenizer_sha256, pb.tokenizer_sha256);
   if (pa.special_tokens_mode != pb.special_tokens_mode)

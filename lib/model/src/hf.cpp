@@ -152,7 +152,7 @@ class HfCheckpoint final : public LayerSource {
   // back as soon as it is (fill), so the largest one's.
   int64_t stored_bytes(int l) const override {
     int64_t widest = 0;
-    for (const WantTensor& w : plan_tensors(plan(l))) widest = std::max(widest, stored(w.name));
+    for (const WantTensor& w : plan_tensors(plan(l))) widest = std::max(widest, stored(w));
     return widest;
   }
 
@@ -317,7 +317,7 @@ class HfCheckpoint final : public LayerSource {
     int64_t at_row = 0;
     for (const WantTensor& p : s.parts) {
       at::Tensor rows = t.narrow(0, at_row, p.shape[0]);
-      for (const std::string& n : stored_names(p.name)) file_of(n).prefault(n);
+      pages(p, true);
       if (p.transposed) {  // stored [in, out]: read as fp32 (exact), transposed into the slot's dtype
         at::Tensor stored = at::empty({p.shape[1], p.shape[0]}, at::kFloat);
         convert_into(p.name, stored, std::max<int64_t>(p.row0, 0));
@@ -325,11 +325,29 @@ class HfCheckpoint final : public LayerSource {
       } else {
         convert_into(p.name, rows, std::max<int64_t>(p.row0, 0));
       }
-      drop_stored(p.name);
+      pages(p, false);
       at_row += p.shape[0];
     }
     if (s.offset != 0) t.add_(s.offset);
     dst = t;
+  }
+
+  // Maps (fault) or hands back the stored pages a part reads: the whole tensors behind it, or for a
+  // row range (one expert of a stacked tensor) only those rows' bytes of each (codes and scales
+  // alike hold whole rows of its [rows, ...] view), not the layer's other experts'.
+  void pages(const WantTensor& p, bool fault) const {
+    for (const std::string& n : stored_names(p.name)) {
+      const SafetensorsFile& f = file_of(n);
+      if (p.row0 < 0) {
+        fault ? f.prefault(n) : f.drop(n);
+        continue;
+      }
+      int64_t whole_rows = 1;
+      for (size_t i = 0; i + 1 < p.whole.size(); ++i) whole_rows *= p.whole[i];
+      const uint64_t per_row = f.stored_bytes(n) / uint64_t(whole_rows);
+      const uint64_t begin = uint64_t(p.row0) * per_row, len = uint64_t(p.transposed ? p.shape[1] : p.shape[0]) * per_row;
+      fault ? f.prefault(n, begin, len) : f.drop(n, begin, len);
+    }
   }
 
   // The stored tensors behind logical tensor `name` (a quantized weight: codes, scales, shape).
@@ -340,9 +358,15 @@ class HfCheckpoint final : public LayerSource {
   void drop_stored(const std::string& name) const {
     for (const std::string& n : stored_names(name)) file_of(n).drop(n);
   }
-  int64_t stored(const std::string& name) const {
+  // Stored bytes a part reads (a row range: its share of each stored tensor).
+  int64_t stored(const WantTensor& p) const {
+    int64_t whole_rows = 1, rows = 1;
+    if (p.row0 >= 0) {
+      for (size_t i = 0; i + 1 < p.whole.size(); ++i) whole_rows *= p.whole[i];
+      rows = p.transposed ? p.shape[1] : p.shape[0];
+    }
     int64_t b = 0;
-    for (const std::string& n : stored_names(name)) b += int64_t(file_of(n).stored_bytes(n));
+    for (const std::string& n : stored_names(p.name)) b += int64_t(file_of(n).stored_bytes(n)) / whole_rows * rows;
     return b;
   }
 

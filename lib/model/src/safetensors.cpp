@@ -1,5 +1,7 @@
 #include "safetensors.hpp"
 
+#include <algorithm>
+
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -148,6 +150,16 @@ void SafetensorsFile::drop(const std::string& name) const {
 
 void SafetensorsFile::prefault(const std::string& name) const {
   if (const StTensorInfo* t = find(name)) file_.prefault(uint64_t(data_ - file_.data()) + t->begin, t->end - t->begin);
+}
+
+void SafetensorsFile::drop(const std::string& name, uint64_t begin, uint64_t len) const {
+  if (const StTensorInfo* t = find(name))
+    file_.drop(uint64_t(data_ - file_.data()) + t->begin + begin, std::min(len, t->end - t->begin - std::min(begin, t->end - t->begin)));
+}
+
+void SafetensorsFile::prefault(const std::string& name, uint64_t begin, uint64_t len) const {
+  if (const StTensorInfo* t = find(name))
+    file_.prefault(uint64_t(data_ - file_.data()) + t->begin + begin, std::min(len, t->end - t->begin - std::min(begin, t->end - t->begin)));
 }
 
 uint64_t SafetensorsFile::stored_bytes(const std::string& name) const {

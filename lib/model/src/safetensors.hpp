@@ -42,6 +42,9 @@ class SafetensorsFile {
   void drop(const std::string& name) const;
   // Maps tensor `name`'s pages in one call before it is read (MappedFile::prefault); no-op if absent.
   void prefault(const std::string& name) const;
+  // The same for bytes [begin, begin + len) of the tensor (one expert of a stacked tensor).
+  void drop(const std::string& name, uint64_t begin, uint64_t len) const;
+  void prefault(const std::string& name, uint64_t begin, uint64_t len) const;
   // Bytes tensor `name` occupies in the file (0 if absent).
   uint64_t stored_bytes(const std::string& name) const;
   // The stored bytes of tensor `name`, any dtype (F8_E4M3, U8, I32, ...): stored_bytes(name) of
