@@ -238,10 +238,6 @@ void Workspace::ensure_protected() {
   probs_q = at::empty_like(probs);
 }
 
-// Causal attention of ws.q (post-RoPE, [B*T, H*d]) over ws.k, ws.v ([B*T, Hkv*d]) into ws.attn.
-// The G query heads of a KV head are stacked as extra rows (t*G + g), so K and V are never
-// repeated and each query block is a contiguous row range. window > 0: query i sees only keys
-// j > i - window; a block whose keys all lie inside every row's window takes the plain causal path.
 namespace {
 
 // Softmax of the block's masked scores s into p ([n = nb·Hk, rows = len·G, nk]); with sinks, each
@@ -258,6 +254,10 @@ void block_softmax(at::Tensor& p, const at::Tensor& s, const at::Tensor& sinks, 
 
 }  // namespace
 
+// Causal attention of ws.q (post-RoPE, [B*T, H*d]) over ws.k, ws.v ([B*T, Hkv*d]) into ws.attn.
+// The G query heads of a KV head are stacked as extra rows (t*G + g), so K and V are never
+// repeated and each query block is a contiguous row range. window > 0: query i sees only keys
+// j > i - window; a block whose keys all lie inside every row's window takes the plain causal path.
 void attention(Workspace& ws, int64_t B, int64_t T, const ModelConfig& c, int64_t window, const at::Tensor& sinks) {
   const int64_t H = c.n_heads, Hk = c.n_kv_heads, G = H / Hk, d = c.head_dim, dv = c.v_dim();
   const double scale = c.attn_scale();
