@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "bf16_bound.hpp"
+#include "family_test_util.hpp"
 #include "hf_reference.hpp"
 #include "hf_tiny.hpp"
 #include "kvq/model/model.hpp"
@@ -37,6 +38,8 @@ namespace {
 
 namespace hf = test::hf;
 namespace ref = test::ref;
+using test::argmax_rows;
+using test::kvq_logits;
 using nlohmann::json;
 
 constexpr double kTol = 1e-4;
@@ -98,21 +101,6 @@ std::vector<int> prompt(int T, int vocab, uint32_t seed) {
     if (x != kBos) ids.push_back(x);
   }
   return ids;
-}
-
-ref::Vec kvq_logits(const Model& m, const std::vector<int>& ids) {
-  std::vector<int64_t> v(ids.begin(), ids.end());
-  const at::Tensor l = m.forward(at::tensor(v, at::kLong).view({1, int64_t(v.size())}))[0].to(at::kDouble).contiguous();
-  return ref::Vec(l.data_ptr<double>(), l.data_ptr<double>() + l.numel());
-}
-
-std::vector<int64_t> argmax_rows(const ref::Vec& logits, int V) {
-  std::vector<int64_t> out;
-  for (size_t t = 0; t * size_t(V) < logits.size(); ++t) {
-    auto b = logits.begin() + ptrdiff_t(t * size_t(V));
-    out.push_back(std::max_element(b, b + V) - b);
-  }
-  return out;
 }
 
 double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Options& off) {

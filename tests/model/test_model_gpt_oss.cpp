@@ -19,6 +19,7 @@
 #include <random>
 
 #include "bf16_bound.hpp"
+#include "family_test_util.hpp"
 #include "hf_reference.hpp"
 #include "hf_tiny.hpp"
 #include "kvq/model/model.hpp"
@@ -29,6 +30,9 @@ namespace {
 
 namespace hf = test::hf;
 namespace ref = test::ref;
+using test::argmax_rows;
+using test::kvq_logits;
+using test::seeded_ids;
 using nlohmann::json;
 
 constexpr double kTol = 1e-4;
@@ -82,28 +86,6 @@ Checkpoint make(const hf::Spec& s) {
   Checkpoint ck{s, hf::make_weights(s), {}};
   ck.m = ref::from_hf(s, ck.w);
   return ck;
-}
-
-std::vector<int> seeded_ids(int T, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int> ids(static_cast<size_t>(T));
-  for (int& x : ids) x = int(rng() % uint32_t(vocab));
-  return ids;
-}
-
-ref::Vec kvq_logits(const Model& m, const std::vector<int>& ids) {
-  std::vector<int64_t> v(ids.begin(), ids.end());
-  const at::Tensor l = m.forward(at::tensor(v, at::kLong).view({1, int64_t(v.size())}))[0].to(at::kDouble).contiguous();
-  return ref::Vec(l.data_ptr<double>(), l.data_ptr<double>() + l.numel());
-}
-
-std::vector<int64_t> argmax_rows(const ref::Vec& logits, int V) {
-  std::vector<int64_t> out;
-  for (size_t t = 0; t * size_t(V) < logits.size(); ++t) {
-    auto b = logits.begin() + ptrdiff_t(t * size_t(V));
-    out.push_back(std::max_element(b, b + V) - b);
-  }
-  return out;
 }
 
 double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Options& off) {
@@ -461,13 +443,10 @@ TEST(GptOss, ProtectedCachePutsTheSinksInItsSoftmax) {
   const hf::Spec s = spec(3);
   Fixture f(s, false, Precision::kFp32);
   const auto ids = seeded_ids(kPrompt, s.vocab, 21);
-  std::vector<int64_t> v(ids.begin(), ids.end());
-  const at::Tensor in = at::tensor(v, at::kLong).view({1, int64_t(v.size())});
   auto logits = [&](ProtectedKv* p) {
     Model::ForwardOptions o;
     o.protected_kv = p;
-    const at::Tensor l = f.model.forward(in, o)[0].to(at::kDouble).contiguous();
-    return ref::Vec(l.data_ptr<double>(), l.data_ptr<double>() + l.numel());
+    return kvq_logits(f.model, ids, o);
   };
   const ref::Vec plain = kvq_logits(f.model, ids);
   KeepRows keep;

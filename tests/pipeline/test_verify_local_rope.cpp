@@ -33,12 +33,15 @@
 #include "kvq/util/error.hpp"
 #include "h5_root.hpp"
 #include "run_cmd.hpp"
+#include "verify_brute.hpp"
 
 namespace fs = std::filesystem;
 using namespace kvq;
 using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
+using kvq::test::expect_same;
+using kvq::test::verify_cpu;
 
 namespace {
 
@@ -122,118 +125,16 @@ void rotate(float* x, int d, int64_t pos, const Rope& r) {
 Rope local_of(const CalibProvenance& p) { return {p.rope_local_inv_freq, p.rope_local_attention_factor}; }
 Rope global_of(const CalibProvenance& p) { return {p.rope_inv_freq, p.rope_attention_factor}; }
 
-// One layer's figures from the definitions in verify.hpp with plain loops: K coded by the CPU codec
-// from the rows `rope` gives (post-RoPE when the decision says so, else rotated after decoding),
-// logits q·k · scale in double over the attended keys (t - W < j <= t on a sliding layer), softmax,
-// KL(p || p~) per query, the top-10 overlap, and the attention output with both K^ and V^.
+// One layer's figures by brute force (verify_brute.hpp) with `rope` rotated by rotate() above, under
+// the layer's window and the recorded scale.
 Metrics brute_force(const CalibFile& c, const AllocFile& a, int layer, const Rope& rope) {
-  const auto& p = c.prov;
-  const int H = p.n_kv_heads, NH = p.n_heads, d = p.head_dim, T = p.seq_len, M = c.holdout.windows;
-  const int gs = NH / H, window = p.window_of(layer);
-  const double scale = p.softmax_scale > 0 ? p.softmax_scale : 1.0 / std::sqrt(double(d));
-  double mae = 0, pairs = 0, kl = 0, top = 0, queries = 0, eo = 0, no = 0;
-  for (int h = 0; h < H; ++h) {
-    const HeadDecision *kd = nullptr, *vd = nullptr;
-    for (const auto& x : a.heads)
-      if (x.layer == layer && x.kv_head == h) (x.side == Side::kK ? kd : vd) = &x;
-    EXPECT_TRUE(kd && vd);
-    codec::HeadCodec kc(*kd, d), vc(*vd, d);
-    for (int m = 0; m < M; ++m) {
-      auto kv_at = [&](const kvq::payload::FloatVector& src, int t, int i) {
-        return src[(((size_t(layer) * M + m) * T + t) * H + h) * d + i];
-      };
-      std::vector<float> k(size_t(T) * d), v(k.size()), kh(k.size()), vh(k.size());
-      for (int t = 0; t < T; ++t)
-        for (int i = 0; i < d; ++i) k[size_t(t) * d + i] = kv_at(c.holdout.k, t, i), v[size_t(t) * d + i] = kv_at(c.holdout.v, t, i);
-      std::vector<float> kpost = k;
-      for (int t = 0; t < T; ++t) rotate(kpost.data() + size_t(t) * d, d, c.holdout.positions[size_t(t)], rope);
-      if (kd->post_rope) {
-        kc.round_trip(kpost.data(), T, kh.data());
-      } else {
-        kc.round_trip(k.data(), T, kh.data());
-        for (int t = 0; t < T; ++t) rotate(kh.data() + size_t(t) * d, d, c.holdout.positions[size_t(t)], rope);
-      }
-      vc.round_trip(v.data(), T, vh.data());
-      for (int g = h * gs; g < (h + 1) * gs; ++g) {
-        for (int t = 0; t < T; ++t) {
-          std::vector<float> q(static_cast<size_t>(d));
-          for (int i = 0; i < d; ++i) q[size_t(i)] = c.holdout.q[(((size_t(layer) * M + m) * T + t) * NH + g) * d + i];
-          rotate(q.data(), d, c.holdout.positions[size_t(t)], rope);
-          std::vector<int> keys;
-          for (int j = 0; j <= t; ++j)
-            if (window == 0 || j > t - window) keys.push_back(j);
-          const int n = int(keys.size());
-          std::vector<double> s(n), sh(n), pr(n), ph(n);
-          for (int x = 0; x < n; ++x) {
-            double a1 = 0, a2 = 0;
-            for (int i = 0; i < d; ++i) {
-              a1 += double(q[size_t(i)]) * kpost[size_t(keys[x]) * d + i];
-              a2 += double(q[size_t(i)]) * kh[size_t(keys[x]) * d + i];
-            }
-            s[x] = a1 * scale, sh[x] = a2 * scale;
-            mae += std::fabs(s[x] - sh[x]);
-            pairs += 1;
-          }
-          auto softmax = [&](const std::vector<double>& in, std::vector<double>& out) {
-            const double mx = *std::max_element(in.begin(), in.end());
-            double z = 0;
-            for (int x = 0; x < n; ++x) z += out[x] = std::exp(in[x] - mx);
-            for (int x = 0; x < n; ++x) out[x] /= z;
-          };
-          softmax(s, pr);
-          softmax(sh, ph);
-          for (int x = 0; x < n; ++x) kl += pr[x] * (std::log(pr[x]) - std::log(ph[x]));
-          // top-10 by rank counting: key x is in the top k when fewer than k keys beat it (ties to
-          // the lower key index).
-          const int kk = std::min(10, n);
-          auto in_top = [&](const std::vector<double>& w, int x) {
-            int better = 0;
-            for (int y = 0; y < n; ++y) better += w[y] > w[x] || (w[y] == w[x] && y < x);
-            return better < kk;
-          };
-          int common = 0;
-          for (int x = 0; x < n; ++x) common += in_top(pr, x) && in_top(ph, x);
-          top += double(common) / kk;
-          queries += 1;
-          for (int i = 0; i < d; ++i) {
-            double o = 0, oh = 0;
-            for (int x = 0; x < n; ++x) {
-              o += pr[x] * v[size_t(keys[x]) * d + i];
-              oh += ph[x] * vh[size_t(keys[x]) * d + i];
-            }
-            eo += (o - oh) * (o - oh);
-            no += o * o;
-          }
-        }
-      }
-    }
-  }
-  Metrics r;
-  r.logit_mae = mae / pairs;
-  r.kl = kl / queries;
-  r.top10 = top / queries;
-  r.out_rel_err = eo / no;
-  return r;
+  test::BruteOptions o;
+  o.window = c.prov.window_of(layer);
+  o.rotate = [rope](float* x, int d, int64_t pos) { rotate(x, d, pos, rope); };
+  return test::verify_brute_force(c, a, layer, o);
 }
 
-VerifyReport verify(const std::string& cal, const std::string& alloc) {
-  VerifyOptions o;
-  o.calib = cal;
-  o.alloc = alloc;
-  o.cuda = false;
-  return run_verify(o);
-}
-
-// The tolerances: verify multiplies float Q by float K before widening, the brute force sums in
-// double (relative 1e-5 on the MAE, 1e-3 on the KL and output error; top-10 exact).
-constexpr double kMaeTol = 1e-5, kKlTol = 1e-3;
-
-void expect_same(const Metrics& got, const Metrics& want, const std::string& what) {
-  EXPECT_NEAR(got.logit_mae, want.logit_mae, kMaeTol * want.logit_mae) << what;
-  EXPECT_NEAR(got.kl, want.kl, kKlTol * want.kl) << what;
-  EXPECT_NEAR(got.top10, want.top10, 1e-9) << what;
-  EXPECT_NEAR(got.out_rel_err, want.out_rel_err, kKlTol * want.out_rel_err) << what;
-}
+constexpr double kMaeTol = test::kBruteMaeTol, kKlTol = test::kBruteKlTol;
 
 std::string read_error(const std::string& path) {
   try {
@@ -327,7 +228,7 @@ TEST(VerifyLocalRope, MetricsUseTheLayersOwnRope) {
       EXPECT_TRUE(h.post_rope) << "layer " << h.layer << " head " << h.kv_head;
     }
 
-  const VerifyReport rep = verify(f.cal, f.alloc);
+  const VerifyReport rep = verify_cpu(f.cal, f.alloc);
   ASSERT_EQ(rep.alloc.layers.size(), size_t(kLayers));
   for (int l = 0; l < kLayers; ++l) {
     const bool local = p.local_rope(l);

@@ -18,12 +18,15 @@
 #include "kvq/pipeline/verify.hpp"
 #include "kvq/util/error.hpp"
 #include "run_cmd.hpp"
+#include "verify_brute.hpp"
 
 namespace fs = std::filesystem;
 using namespace kvq;
 using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
+using kvq::test::expect_same;
+using kvq::test::verify_cpu;
 
 namespace {
 
@@ -56,118 +59,14 @@ Files make_files() {
   return f;
 }
 
-// The allocation's figures for one layer, from the definitions in verify.hpp with plain loops:
-// decoded keys/values from the CPU codec, logits and softmax in double over keys lo(t)..t.
+// The allocation's figures for one layer by brute force (verify_brute.hpp) over keys lo(t)..t,
+// lo(t) = t - window + 1 (0: every earlier key).
 Metrics brute_force(const CalibFile& c, const AllocFile& a, int layer, int window) {
-  const auto& p = c.prov;
-  const int H = p.n_kv_heads, NH = p.n_heads, d = p.head_dim, T = p.seq_len, M = c.holdout.windows;
-  const int gs = NH / H;
-  codec::RopeSpec rope;
-  rope.enabled = true;
-  rope.theta = p.rope_theta;
-  rope.rotary_dim = p.rotary_dim;
-  rope.pairing = p.pairing;
-  rope.inv_freq = p.rope_inv_freq;
-  rope.attention_factor = p.rope_attention_factor;
-  double mae = 0, pairs = 0, kl = 0, top = 0, queries = 0, eo = 0, no = 0;
-  for (int h = 0; h < H; ++h) {
-    const HeadDecision *kd = nullptr, *vd = nullptr;
-    for (const auto& x : a.heads)
-      if (x.layer == layer && x.kv_head == h) (x.side == Side::kK ? kd : vd) = &x;
-    EXPECT_TRUE(kd && vd);
-    codec::HeadCodec kc(*kd, d), vc(*vd, d);
-    for (int m = 0; m < M; ++m) {
-      auto kv_at = [&](const kvq::payload::FloatVector& src, int t, int i) {
-        return src[(((size_t(layer) * M + m) * T + t) * H + h) * d + i];
-      };
-      std::vector<float> k(size_t(T) * d), v(k.size()), kh(k.size()), vh(k.size());
-      for (int t = 0; t < T; ++t)
-        for (int i = 0; i < d; ++i) k[size_t(t) * d + i] = kv_at(c.holdout.k, t, i), v[size_t(t) * d + i] = kv_at(c.holdout.v, t, i);
-      std::vector<float> kpost = k;
-      for (int t = 0; t < T; ++t) codec::reference_apply_rope(kpost.data() + size_t(t) * d, d, c.holdout.positions[t], rope);
-      if (kd->post_rope) {
-        kc.round_trip(kpost.data(), T, kh.data());
-      } else {
-        kc.round_trip(k.data(), T, kh.data());
-        for (int t = 0; t < T; ++t) codec::reference_apply_rope(kh.data() + size_t(t) * d, d, c.holdout.positions[t], rope);
-      }
-      vc.round_trip(v.data(), T, vh.data());
-      for (int g = h * gs; g < (h + 1) * gs; ++g) {
-        for (int t = 0; t < T; ++t) {
-          std::vector<float> q(static_cast<size_t>(d));
-          for (int i = 0; i < d; ++i) q[size_t(i)] = c.holdout.q[(((size_t(layer) * M + m) * T + t) * NH + g) * d + i];
-          codec::reference_apply_rope(q.data(), d, c.holdout.positions[t], rope);
-          std::vector<int> keys;
-          for (int j = 0; j <= t; ++j)
-            if (window == 0 || j > t - window) keys.push_back(j);
-          const int n = int(keys.size());
-          std::vector<double> s(n), sh(n), pr(n), ph(n);
-          for (int x = 0; x < n; ++x) {
-            double a1 = 0, a2 = 0;
-            for (int i = 0; i < d; ++i) {
-              a1 += double(q[size_t(i)]) * kpost[size_t(keys[x]) * d + i];
-              a2 += double(q[size_t(i)]) * kh[size_t(keys[x]) * d + i];
-            }
-            s[x] = a1 / std::sqrt(double(d)), sh[x] = a2 / std::sqrt(double(d));
-            mae += std::fabs(s[x] - sh[x]);
-            pairs += 1;
-          }
-          auto softmax = [n](const std::vector<double>& in, std::vector<double>& out) {
-            double mx = -1e300, z = 0;
-            for (int x = 0; x < n; ++x) mx = std::max(mx, in[x]);
-            for (int x = 0; x < n; ++x) z += out[x] = std::exp(in[x] - mx);
-            for (int x = 0; x < n; ++x) out[x] /= z;
-          };
-          softmax(s, pr);
-          softmax(sh, ph);
-          for (int x = 0; x < n; ++x) kl += pr[x] * (std::log(pr[x]) - std::log(ph[x]));
-          // top-10 by rank counting: key x is in the top k when fewer than k keys beat it
-          // (ties to the lower key index).
-          const int kk = std::min(10, n);
-          auto in_top = [&](const std::vector<double>& w, int x) {
-            int better = 0;
-            for (int y = 0; y < n; ++y) better += w[y] > w[x] || (w[y] == w[x] && y < x);
-            return better < kk;
-          };
-          int common = 0;
-          for (int x = 0; x < n; ++x) common += in_top(pr, x) && in_top(ph, x);
-          top += double(common) / kk;
-          queries += 1;
-          for (int i = 0; i < d; ++i) {
-            double o = 0, oh = 0;
-            for (int x = 0; x < n; ++x) {
-              o += pr[x] * v[size_t(keys[x]) * d + i];
-              oh += ph[x] * vh[size_t(keys[x]) * d + i];
-            }
-            eo += (o - oh) * (o - oh);
-            no += o * o;
-          }
-        }
-      }
-    }
-  }
-  Metrics r;
-  r.logit_mae = mae / pairs;
-  r.kl = kl / queries;
-  r.top10 = top / queries;
-  r.out_rel_err = eo / no;
-  return r;
-}
-
-VerifyReport verify(const std::string& cal, const std::string& alloc) {
-  VerifyOptions o;
-  o.calib = cal;
-  o.alloc = alloc;
-  o.cuda = false;
-  return run_verify(o);
-}
-
-// verify multiplies float Q by float K before widening, the brute force sums in double.
-void expect_same(const Metrics& got, const Metrics& want, const std::string& what) {
-  EXPECT_NEAR(got.logit_mae, want.logit_mae, 1e-5 * want.logit_mae) << what;
-  EXPECT_NEAR(got.kl, want.kl, 1e-3 * want.kl) << what;
-  EXPECT_NEAR(got.top10, want.top10, 1e-9) << what;
-  EXPECT_NEAR(got.out_rel_err, want.out_rel_err, 1e-3 * want.out_rel_err) << what;
+  test::BruteOptions o;
+  o.window = window;
+  o.scale = 1.0 / std::sqrt(double(c.prov.head_dim));
+  o.rotate = test::provenance_rotate(c.prov);
+  return test::verify_brute_force(c, a, layer, o);
 }
 
 }  // namespace
@@ -189,7 +88,7 @@ TEST(VerifyWindow, MetricsCountOnlyTheAttendedKeys) {
   const CalibFile c = read_calib(f.cal, true);
   const AllocFile a = read_alloc(f.alloc);
   ASSERT_GT(c.prov.seq_len, 2 * kWindow);
-  const VerifyReport rep = verify(f.cal, f.alloc);
+  const VerifyReport rep = verify_cpu(f.cal, f.alloc);
   ASSERT_EQ(rep.alloc.layers.size(), 2u);
 
   // The same file without its windows: an older file, read as full attention.
@@ -197,7 +96,7 @@ TEST(VerifyWindow, MetricsCountOnlyTheAttendedKeys) {
   full.prov.layer_window.clear();
   const std::string full_path = temp_path("verify_swa_full.kvqcal.h5");
   write_calib(full_path, full);
-  const VerifyReport rep_full = verify(full_path, f.alloc);
+  const VerifyReport rep_full = verify_cpu(full_path, f.alloc);
 
   for (int l = 0; l < 2; ++l) {
     SCOPED_TRACE("layer " + std::to_string(l));

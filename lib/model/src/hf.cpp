@@ -342,13 +342,18 @@ class HfCheckpoint final : public LayerSource {
         fault ? f.prefault(n) : f.drop(n);
         continue;
       }
-      int64_t whole_rows = 1;
-      for (size_t i = 0; i + 1 < p.whole.size(); ++i) whole_rows *= p.whole[i];
-      const uint64_t per_row = f.stored_bytes(n) / uint64_t(whole_rows);
-      const uint64_t begin = uint64_t(p.row0) * per_row, len = uint64_t(p.transposed ? p.shape[1] : p.shape[0]) * per_row;
+      const uint64_t per_row = f.stored_bytes(n) / uint64_t(whole_rows(p));
+      const uint64_t begin = uint64_t(p.row0) * per_row, len = uint64_t(part_rows(p)) * per_row;
       fault ? f.prefault(n, begin, len) : f.drop(n, begin, len);
     }
   }
+  // A row-range part: the rows of its stacked tensor's [rows, ...] view, and how many it reads.
+  static int64_t whole_rows(const WantTensor& p) {
+    int64_t r = 1;
+    for (size_t i = 0; i + 1 < p.whole.size(); ++i) r *= p.whole[i];
+    return r;
+  }
+  static int64_t part_rows(const WantTensor& p) { return p.transposed ? p.shape[1] : p.shape[0]; }
 
   // The stored tensors behind logical tensor `name` (a quantized weight: codes, scales, shape).
   std::vector<std::string> stored_names(const std::string& name) const {
@@ -360,13 +365,11 @@ class HfCheckpoint final : public LayerSource {
   }
   // Stored bytes a part reads (a row range: its share of each stored tensor).
   int64_t stored(const WantTensor& p) const {
-    int64_t whole_rows = 1, rows = 1;
-    if (p.row0 >= 0) {
-      for (size_t i = 0; i + 1 < p.whole.size(); ++i) whole_rows *= p.whole[i];
-      rows = p.transposed ? p.shape[1] : p.shape[0];
-    }
     int64_t b = 0;
-    for (const std::string& n : stored_names(p.name)) b += int64_t(file_of(n).stored_bytes(n)) / whole_rows * rows;
+    for (const std::string& n : stored_names(p.name)) {
+      const int64_t bytes = int64_t(file_of(n).stored_bytes(n));
+      b += p.row0 < 0 ? bytes : bytes / whole_rows(p) * part_rows(p);
+    }
     return b;
   }
 
