@@ -7,8 +7,11 @@
 // MLP, MoE router softmax / top-k / renormalisation; gpt-oss's attention sinks, YaRN without
 // truncation, softmax-of-top-k router with bias and MXFP4 experts (biases, interleaved gate/up,
 // clamped SwiGLU) (MODEL-FAMILIES-2026.md §3); Gemma 3's (1 + w) norms, embedding x bf16(sqrt(D)),
-// per-layer local / global RoPE, query_pre_attn_scalar and GeGLU (§4.1). Slow (O(T^2) loops), for
-// tiny models only.
+// per-layer local / global RoPE, query_pre_attn_scalar and GeGLU (§4.1); Qwen3.5's hybrid decoder
+// (§1): Gated DeltaNet layers (causal conv, L2-normed q/k, the per-token gated delta rule, the
+// gated output norm) beside gated attention (per-head [query | gate] q_proj rows, sigmoid(gate) on
+// the output, (1 + w) q/k norms, partial split-half RoPE), and the MoE with a sigmoid-gated shared
+// expert. Slow (O(T^2) loops), for tiny models only.
 //
 // Usage: fill a ref::Model (from_hf() does it for hf_tiny.hpp's tensors), then
 //   std::vector<double> logits = ref::forward(model, ids);          // [T][V] row-major
@@ -58,6 +61,13 @@ struct Layer {
   Vec gu_bias, down_bias;                                          // [E, 2I], [E, D]
   int n_experts = 0, expert_inter = 0;                             // E, I
   double swiglu_limit = 7.0;
+  // Qwen3.5-MoE: the shared expert's output x sigmoid(shared_gate · x) ([1, D]); empty: ungated.
+  Vec shared_gate;
+  // Qwen3.5 Gated DeltaNet (a layer without a KV cache; in place of the attention when in_qkv is
+  // set): in_qkv [2·Hk·dk + Hv·dv, D], in_z [Hv·dv, D], in_b / in_a [Hv, D], conv [conv_dim][K]
+  // (tap K-1 on the current token), dt_bias / A_log [Hv], gdn_norm [dv] (plain w), out [D, Hv·dv].
+  Vec in_qkv, in_z, in_b, in_a, conv, dt_bias, A_log, gdn_norm, out_proj;
+  bool linear() const { return !in_qkv.empty(); }
 };
 
 struct Model {
@@ -91,6 +101,18 @@ struct Model {
   double attn_scale = 0.0;
   bool gelu_tanh = false;
   double final_softcap = 0.0;
+  // Qwen3.5: q projections ([2·H·hd, D]) hold per head hd query rows then hd gate rows; the
+  // attention output is multiplied by sigmoid(gate) before o_proj. The Gated DeltaNet's shape:
+  // lin_Hk q/k heads of lin_dk, lin_Hv value heads of lin_dv, conv_kernel taps.
+  bool attn_output_gate = false;
+  int lin_Hk = 0, lin_Hv = 0, lin_dk = 0, lin_dv = 0, conv_kernel = 0;
+  // The decoder layers with attention (a KV cache), in order: what kvq calls its layers.
+  std::vector<int> attn_layers() const {
+    std::vector<int> out;
+    for (size_t l = 0; l < layers.size(); ++l)
+      if (!layers[l].linear()) out.push_back(int(l));
+    return out;
+  }
 };
 
 // theta^(-2j/d) for j < d/2.
@@ -121,6 +143,19 @@ struct Options {
   // embedding scaled by the exact sqrt(D); the erf GELU instead of the tanh form.
   bool norm_as_w = false, global_rope_on_local = false, local_rope_on_global = false, scale_rope_everywhere = false;
   bool window_minus_one = false, scale_by_head_dim = false, exact_embed_scale = false, erf_gelu = false;
+  // Qwen3.5 controls (norm_as_w, skip_qk_norm and flip_norm_topk_prob apply too): the attention's
+  // output gate left out; q_proj's rows read as all queries then all gates (instead of [query |
+  // gate] per head); RoPE pairing dim i with i + head_dim/2 (instead of i + rotary_dim/2). Gated
+  // DeltaNet: the decay exp(g) applied after the delta update instead of before; the output norm as
+  // (1 + w) instead of w; value head j served by q/k head j % Hk instead of j / (Hv/Hk); the conv
+  // reading one token ahead (taps t-K+2 .. t+1) or with its taps reversed (tap 0 on the current
+  // token); the silu after the conv left out; the q/k L2 norm left out; the q scale dk^-0.5 left out;
+  // the silu(z) gate of the output norm left out. MoE: the shared expert's sigmoid gate left out.
+  bool skip_output_gate = false, gate_halves = false, rope_pair_half_head = false;
+  bool decay_after_update = false, gdn_norm_one_plus_w = false, v_head_modulo = false, conv_ahead = false;
+  bool conv_reversed = false, skip_conv_silu = false, skip_l2norm = false, drop_q_scale = false, skip_z_gate = false;
+  bool drop_shared_gate = false;
+  bool swap_qk_split = false;  // the conv output read as [k | q | v] instead of [q | k | v]
   int64_t pos0 = 0;
 };
 
@@ -155,14 +190,19 @@ inline Yarn yarn(double theta, int d, double factor, double original, double bet
   return y;
 }
 
-// What the forward saw per layer, pre-RoPE (after the q/k norm): [T][H][hd], [T][Hk][hd].
+// What the forward saw per attention layer, pre-RoPE (after the q/k norm; Qwen3.5: the query rows,
+// not the gate): [T][H][hd], [T][Hk][hd]. A Gated DeltaNet layer adds nothing: the entries are
+// kvq's KV layers.
 struct Trace {
   std::vector<Vec> q, k, v;
 };
 
 // The BF16 emulation (bf16_bound.hpp): while on, every projection of forward() below — q/k/v, o,
-// the MLP's and the experts' gate/up/down; not the router, not the head — rounds its input and its
-// product to BF16 (nearest even) and adds the bias after, where kvq's --precision bf16 rounds. The
+// the MLP's and the experts' gate/up/down, Qwen3.5's Gated DeltaNet in_proj_qkv / z / b / a and
+// out_proj; not the router, not Qwen3.5-MoE's shared_expert_gate (a [1, D] score kept in fp32 like
+// the router), not the head — rounds its input and its product to BF16 (nearest even) and adds the
+// bias after, where kvq's --precision bf16 rounds. The DeltaNet's conv, recurrence and norms stay
+// float64. The
 // float64 reference of the BF16 forward: the same decisions (a top-k router sees the same scores to
 // fp32 accuracy), the rest in float64. Bf16Emulation turns it on for a scope.
 inline bool& emulate_bf16() {
@@ -249,16 +289,126 @@ inline void swiglu(const Vec& gate, const Vec& up, const Vec& down, const double
   proj(down, {}, g.data(), D, I, y);
 }
 
-inline void rope(double* head, const Vec& inv_freq, double af, int64_t pos, bool adjacent = false) {
-  const size_t half = inv_freq.size();
+// Split-half pairs dim j with j + offset (offset 0: the rotary half, inv_freq.size()).
+inline void rope(double* head, const Vec& inv_freq, double af, int64_t pos, bool adjacent = false, size_t offset = 0) {
+  const size_t half = inv_freq.size(), off = offset ? offset : half;
   for (size_t j = 0; j < half; ++j) {
     double& a = adjacent ? head[2 * j] : head[j];
-    double& b = adjacent ? head[2 * j + 1] : head[j + half];
+    double& b = adjacent ? head[2 * j + 1] : head[j + off];
     const double ang = double(pos) * inv_freq[j], c = af * std::cos(ang), s = af * std::sin(ang);
     const double a0 = a, b0 = b;
     a = a0 * c - b0 * s;
     b = b0 * c + a0 * s;
   }
+}
+
+inline double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
+inline double softplus(double x) { return x > 30 ? x : std::log1p(std::exp(x)); }
+
+// Qwen3.5's causal depthwise conv over time, then silu: out[t][c] = silu(Σ_j W[c][j] · m[t-K+1+j][c])
+// with m[<0] = 0 (tap K-1 reads the current token). m, out: [T][C]; W: [C][K] (conv1d.weight [C, 1, K]).
+inline Vec causal_conv_silu(const Vec& m, const Vec& W, int T, int C, int K, const Options& opt = {}) {
+  Vec out(size_t(T) * C);
+  const int ahead = opt.conv_ahead ? 1 : 0;
+  for (int t = 0; t < T; ++t)
+    for (int c = 0; c < C; ++c) {
+      double acc = 0;
+      for (int j = 0; j < K; ++j) {
+        const int src = t - K + 1 + j + ahead;
+        if (src < 0 || src >= T) continue;
+        acc += W[size_t(c) * K + size_t(opt.conv_reversed ? K - 1 - j : j)] * m[size_t(src) * C + c];
+      }
+      out[size_t(t) * C + c] = opt.skip_conv_silu ? acc : silu(acc);
+    }
+  return out;
+}
+
+// The gated delta rule, token by token (§1.4; HF torch_recurrent_gated_delta_rule). q, k: [T][Hk][dk]
+// (after the conv), v: [T][Hv][dv], g, beta: [T][Hv]. q and k are L2-normed per head (x · rsqrt(Σx² +
+// 1e-6)), q x dk^-0.5; value head j reads q/k head j / (Hv / Hk). Per value head, S [dk][dv] = 0, and
+// per token: S *= exp(g); kv_mem = Sᵀk; δ = (v − kv_mem) · beta; S += k ⊗ δ; o = Sᵀq. Returns o [T][Hv][dv].
+inline Vec gated_delta_rule(Vec q, Vec k, const Vec& v, const Vec& g, const Vec& beta, int T, int Hk, int Hv, int dk,
+                            int dv, const Options& opt = {}) {
+  for (Vec* x : {&q, &k})
+    for (size_t r = 0; r < size_t(T) * Hk; ++r) {
+      double* row = x->data() + r * size_t(dk);
+      double ss = 0;
+      for (int i = 0; i < dk; ++i) ss += row[i] * row[i];
+      const double inv = opt.skip_l2norm ? 1.0 : 1.0 / std::sqrt(ss + 1e-6);
+      const double sc = x == &q && !opt.drop_q_scale ? 1.0 / std::sqrt(double(dk)) : 1.0;
+      for (int i = 0; i < dk; ++i) row[i] *= inv * sc;
+    }
+  Vec o(size_t(T) * Hv * dv, 0.0), S(size_t(dk) * dv), delta(static_cast<size_t>(dv));
+  for (int j = 0; j < Hv; ++j) {
+    const int kh = opt.v_head_modulo ? j % Hk : j / (Hv / Hk);
+    std::fill(S.begin(), S.end(), 0.0);
+    for (int t = 0; t < T; ++t) {
+      const double* qt = &q[(size_t(t) * Hk + kh) * dk];
+      const double* kt = &k[(size_t(t) * Hk + kh) * dk];
+      const double* vt = &v[(size_t(t) * Hv + j) * dv];
+      const double decay = std::exp(g[size_t(t) * Hv + j]), b = beta[size_t(t) * Hv + j];
+      if (!opt.decay_after_update)
+        for (double& e : S) e *= decay;
+      for (int c = 0; c < dv; ++c) {
+        double acc = 0;
+        for (int i = 0; i < dk; ++i) acc += S[size_t(i) * dv + c] * kt[i];
+        delta[size_t(c)] = (vt[c] - acc) * b;
+      }
+      for (int i = 0; i < dk; ++i)
+        for (int c = 0; c < dv; ++c) S[size_t(i) * dv + c] += kt[i] * delta[size_t(c)];
+      if (opt.decay_after_update)
+        for (double& e : S) e *= decay;
+      double* ot = &o[(size_t(t) * Hv + j) * dv];
+      for (int c = 0; c < dv; ++c) {
+        double acc = 0;
+        for (int i = 0; i < dk; ++i) acc += S[size_t(i) * dv + c] * qt[i];
+        ot[c] = acc;
+      }
+    }
+  }
+  return o;
+}
+
+// One Gated DeltaNet layer's token mixer (§1.4) on the normed rows h [T][D]: m = in_proj_qkv h,
+// causal conv + silu, split [q (Hk·dk) | k (Hk·dk) | v (Hv·dv)]; z = in_proj_z h; beta = sigmoid(in_proj_b
+// h); g = −exp(A_log) · softplus(in_proj_a h + dt_bias); the gated delta rule; per value head
+// rmsnorm(o) · w · silu(z) (eps rms_norm_eps, plain w); out_proj. Returns [T][D].
+inline Vec gated_delta_net(const Model& m, const Layer& L, const Vec& h, int T, const Options& opt) {
+  const int D = m.D, Hk = m.lin_Hk, Hv = m.lin_Hv, dk = m.lin_dk, dv = m.lin_dv, K = m.conv_kernel;
+  const int Kd = Hk * dk, Vd = Hv * dv, C = 2 * Kd + Vd;
+  Vec mix(size_t(T) * C), z(size_t(T) * Vd), b(size_t(T) * Hv), a(size_t(T) * Hv);
+  for (int t = 0; t < T; ++t) {
+    const double* ht = &h[size_t(t) * D];
+    proj(L.in_qkv, {}, ht, C, D, &mix[size_t(t) * C]);
+    proj(L.in_z, {}, ht, Vd, D, &z[size_t(t) * Vd]);
+    proj(L.in_b, {}, ht, Hv, D, &b[size_t(t) * Hv]);
+    proj(L.in_a, {}, ht, Hv, D, &a[size_t(t) * Hv]);
+  }
+  const Vec mc = causal_conv_silu(mix, L.conv, T, C, K, opt);
+  Vec q(size_t(T) * Kd), k(size_t(T) * Kd), v(size_t(T) * Vd), g(size_t(T) * Hv), beta(size_t(T) * Hv);
+  for (int t = 0; t < T; ++t) {
+    const double* r = &mc[size_t(t) * C];
+    std::copy(r, r + Kd, &(opt.swap_qk_split ? k : q)[size_t(t) * Kd]);
+    std::copy(r + Kd, r + 2 * Kd, &(opt.swap_qk_split ? q : k)[size_t(t) * Kd]);
+    std::copy(r + 2 * Kd, r + C, &v[size_t(t) * Vd]);
+    for (int j = 0; j < Hv; ++j) {
+      const size_t i = size_t(t) * Hv + j;
+      beta[i] = sigmoid(b[i]);
+      g[i] = -std::exp(L.A_log[size_t(j)]) * softplus(a[i] + L.dt_bias[size_t(j)]);
+    }
+  }
+  const Vec o = gated_delta_rule(q, k, v, g, beta, T, Hk, Hv, dk, dv, opt);
+  Vec y(static_cast<size_t>(Vd)), out(size_t(T) * D);
+  for (int t = 0; t < T; ++t) {
+    for (int j = 0; j < Hv; ++j) {
+      const size_t at = (size_t(t) * Hv + j) * dv;
+      rms_norm(&o[at], L.gdn_norm, dv, m.eps, &y[size_t(j) * dv], opt.gdn_norm_one_plus_w ? 1.0 : 0.0);
+      if (!opt.skip_z_gate)
+        for (int c = 0; c < dv; ++c) y[size_t(j) * dv + c] *= silu(z[at + c]);
+    }
+    proj(L.out_proj, {}, y.data(), D, Vd, &out[size_t(t) * D]);
+  }
+  return out;
 }
 
 // gpt-oss's MoE block of one token (see Layer): out = Σ_{e in top-k} w_e · y_e.
@@ -320,82 +470,107 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
     for (double& e : x) e *= emb;
   if (trace) *trace = Trace{};
   Vec h(static_cast<size_t>(D)), q(static_cast<size_t>(T) * H * hd), k(static_cast<size_t>(T) * Hk * hd), v(static_cast<size_t>(T) * Hk * hd), tmp(static_cast<size_t>(hd));
+  Vec qg(m.attn_output_gate ? size_t(2) * H * hd : 0), gate(m.attn_output_gate ? size_t(T) * H * hd : 0);
+  const size_t pair_offset = opt.rope_pair_half_head ? size_t(hd / 2) : 0;
   for (const Layer& L : m.layers) {
-    for (int t = 0; t < T; ++t) {
-      rms_norm(&x[size_t(t) * D], L.attn_norm, D, m.eps, h.data(), no);
-      proj(L.wq, L.bq, h.data(), H * hd, D, &q[size_t(t) * H * hd]);
-      proj(L.wk, L.bk, h.data(), Hk * hd, D, &k[size_t(t) * Hk * hd]);
-      proj(L.wv, L.bv, h.data(), Hk * hd, D, &v[size_t(t) * Hk * hd]);
-      if (!L.q_norm.empty() && !opt.skip_qk_norm) {
-        for (int hh = 0; hh < H; ++hh) {
-          double* r = &q[(static_cast<size_t>(t) * H + hh) * hd];
-          rms_norm(r, L.q_norm, hd, m.eps, tmp.data(), no);
-          std::copy(tmp.begin(), tmp.end(), r);
-        }
-        for (int hh = 0; hh < Hk; ++hh) {
-          double* r = &k[(static_cast<size_t>(t) * Hk + hh) * hd];
-          rms_norm(r, L.k_norm, hd, m.eps, tmp.data(), no);
-          std::copy(tmp.begin(), tmp.end(), r);
-        }
-      }
-    }
-    if (trace) {
-      trace->q.push_back(q);
-      trace->k.push_back(k);
-      trace->v.push_back(v);
-    }
-    const bool adj = m.adjacent_pairs != opt.flip_pairing;
-    // This layer's frequencies: the global ones scaled by rope_linear_factor, or (Gemma 3 local
-    // layers) inv_freq_local unscaled.
-    const bool local = !m.inv_freq_local.empty() && (L.local_rope ? !opt.global_rope_on_local : opt.local_rope_on_global);
-    Vec inv_freq = local ? m.inv_freq_local : m.inv_freq;
-    const double div = local && !opt.scale_rope_everywhere ? 1.0 : m.rope_linear_factor;
-    if (div != 1.0)
-      for (double& f : inv_freq) f /= div;
-    for (int t = 0; t < T; ++t) {
-      for (int hh = 0; hh < H; ++hh) rope(&q[(static_cast<size_t>(t) * H + hh) * hd], inv_freq, m.attention_factor, opt.pos0 + t, adj);
-      for (int hh = 0; hh < Hk; ++hh) rope(&k[(static_cast<size_t>(t) * Hk + hh) * hd], inv_freq, m.attention_factor, opt.pos0 + t, adj);
-    }
     const bool sandwich = !L.post_attn_norm.empty() && !opt.skip_sandwich_norm;
-    const int W = opt.ignore_window ? 0
-                                    : L.window + (L.window > 0 && opt.window_plus_one ? 1 : 0) -
-                                          (L.window > 1 && opt.window_minus_one ? 1 : 0);
-    const bool own_scale = m.attn_scale > 0 && !opt.scale_by_head_dim;
-    const bool sinks = !L.sinks.empty() && !opt.drop_sinks;
-    Vec attn(static_cast<size_t>(H) * hd), score(static_cast<size_t>(T)), o(static_cast<size_t>(D)), tmp2(static_cast<size_t>(D));
-    Vec x_new = x;
-    for (int i = 0; i < T; ++i) {
-      for (int hh = 0; hh < H; ++hh) {
-        const int kh = hh / G;
-        const double* qi = &q[(static_cast<size_t>(i) * H + hh) * hd];
-        // m = max(max_j z_j, sink_h): the sink joins the softmax as one more logit.
-        double mx = sinks ? L.sinks[size_t(hh)] : -INFINITY;
-        for (int j = 0; j <= i; ++j) {
-          score[size_t(j)] = -INFINITY;
-          if (W > 0 && i - j >= W) continue;
-          const double* kj = &k[(static_cast<size_t>(j) * Hk + kh) * hd];
-          double s = 0;
-          for (int e = 0; e < hd; ++e) s += qi[e] * kj[e];
-          score[size_t(j)] = own_scale ? s * m.attn_scale : s / std::sqrt(double(hd));
-          mx = std::max(mx, score[size_t(j)]);
+    Vec o(static_cast<size_t>(D)), tmp2(static_cast<size_t>(D));
+    if (L.linear()) {  // Qwen3.5 Gated DeltaNet: a token mixer without K/V
+      Vec hn(static_cast<size_t>(T) * D);
+      for (int t = 0; t < T; ++t) rms_norm(&x[size_t(t) * D], L.attn_norm, D, m.eps, &hn[size_t(t) * D], no);
+      const Vec mixed = gated_delta_net(m, L, hn, T, opt);
+      for (size_t i = 0; i < x.size(); ++i) x[i] += mixed[i];
+    } else {
+      for (int t = 0; t < T; ++t) {
+        rms_norm(&x[size_t(t) * D], L.attn_norm, D, m.eps, h.data(), no);
+        if (m.attn_output_gate) {  // per head [query | gate] rows (gate_halves: all queries, then all gates)
+          proj(L.wq, L.bq, h.data(), 2 * H * hd, D, qg.data());
+          for (int hh = 0; hh < H; ++hh)
+            for (int e = 0; e < hd; ++e) {
+              const size_t qi = opt.gate_halves ? size_t(hh) * hd + e : size_t(hh) * 2 * hd + e;
+              const size_t gi = opt.gate_halves ? size_t(H + hh) * hd + e : size_t(hh) * 2 * hd + hd + e;
+              q[(size_t(t) * H + hh) * hd + e] = qg[qi];
+              gate[(size_t(t) * H + hh) * hd + e] = qg[gi];
+            }
+        } else {
+          proj(L.wq, L.bq, h.data(), H * hd, D, &q[size_t(t) * H * hd]);
         }
-        double z = sinks ? std::exp(L.sinks[size_t(hh)] - mx) : 0.0;
-        for (int j = 0; j <= i; ++j) z += std::exp(score[size_t(j)] - mx);
-        for (int e = 0; e < hd; ++e) attn[size_t(hh) * hd + e] = 0;
-        for (int j = 0; j <= i; ++j) {
-          const double p = std::exp(score[size_t(j)] - mx) / z;
-          const double* vj = &v[(static_cast<size_t>(j) * Hk + kh) * hd];
-          for (int e = 0; e < hd; ++e) attn[size_t(hh) * hd + e] += p * vj[e];
+        proj(L.wk, L.bk, h.data(), Hk * hd, D, &k[size_t(t) * Hk * hd]);
+        proj(L.wv, L.bv, h.data(), Hk * hd, D, &v[size_t(t) * Hk * hd]);
+        if (!L.q_norm.empty() && !opt.skip_qk_norm) {
+          for (int hh = 0; hh < H; ++hh) {
+            double* r = &q[(static_cast<size_t>(t) * H + hh) * hd];
+            rms_norm(r, L.q_norm, hd, m.eps, tmp.data(), no);
+            std::copy(tmp.begin(), tmp.end(), r);
+          }
+          for (int hh = 0; hh < Hk; ++hh) {
+            double* r = &k[(static_cast<size_t>(t) * Hk + hh) * hd];
+            rms_norm(r, L.k_norm, hd, m.eps, tmp.data(), no);
+            std::copy(tmp.begin(), tmp.end(), r);
+          }
         }
       }
-      proj(L.wo, L.bo, attn.data(), D, H * hd, o.data());
-      if (sandwich) {
-        rms_norm(o.data(), L.post_attn_norm, D, m.eps, tmp2.data(), no);
-        o.swap(tmp2);
+      if (trace) {
+        trace->q.push_back(q);
+        trace->k.push_back(k);
+        trace->v.push_back(v);
       }
-      for (int e = 0; e < D; ++e) x_new[size_t(i) * D + e] += o[size_t(e)];
+      const bool adj = m.adjacent_pairs != opt.flip_pairing;
+      // This layer's frequencies: the global ones scaled by rope_linear_factor, or (Gemma 3 local
+      // layers) inv_freq_local unscaled.
+      const bool local = !m.inv_freq_local.empty() && (L.local_rope ? !opt.global_rope_on_local : opt.local_rope_on_global);
+      Vec inv_freq = local ? m.inv_freq_local : m.inv_freq;
+      const double div = local && !opt.scale_rope_everywhere ? 1.0 : m.rope_linear_factor;
+      if (div != 1.0)
+        for (double& f : inv_freq) f /= div;
+      for (int t = 0; t < T; ++t) {
+        for (int hh = 0; hh < H; ++hh)
+          rope(&q[(size_t(t) * H + hh) * hd], inv_freq, m.attention_factor, opt.pos0 + t, adj, pair_offset);
+        for (int hh = 0; hh < Hk; ++hh)
+          rope(&k[(size_t(t) * Hk + hh) * hd], inv_freq, m.attention_factor, opt.pos0 + t, adj, pair_offset);
+      }
+      const int W = opt.ignore_window ? 0
+                                      : L.window + (L.window > 0 && opt.window_plus_one ? 1 : 0) -
+                                            (L.window > 1 && opt.window_minus_one ? 1 : 0);
+      const bool own_scale = m.attn_scale > 0 && !opt.scale_by_head_dim;
+      const bool sinks = !L.sinks.empty() && !opt.drop_sinks;
+      Vec attn(static_cast<size_t>(H) * hd), score(static_cast<size_t>(T));
+      Vec x_new = x;
+      for (int i = 0; i < T; ++i) {
+        for (int hh = 0; hh < H; ++hh) {
+          const int kh = hh / G;
+          const double* qi = &q[(static_cast<size_t>(i) * H + hh) * hd];
+          // m = max(max_j z_j, sink_h): the sink joins the softmax as one more logit.
+          double mx = sinks ? L.sinks[size_t(hh)] : -INFINITY;
+          for (int j = 0; j <= i; ++j) {
+            score[size_t(j)] = -INFINITY;
+            if (W > 0 && i - j >= W) continue;
+            const double* kj = &k[(static_cast<size_t>(j) * Hk + kh) * hd];
+            double s = 0;
+            for (int e = 0; e < hd; ++e) s += qi[e] * kj[e];
+            score[size_t(j)] = own_scale ? s * m.attn_scale : s / std::sqrt(double(hd));
+            mx = std::max(mx, score[size_t(j)]);
+          }
+          double z = sinks ? std::exp(L.sinks[size_t(hh)] - mx) : 0.0;
+          for (int j = 0; j <= i; ++j) z += std::exp(score[size_t(j)] - mx);
+          for (int e = 0; e < hd; ++e) attn[size_t(hh) * hd + e] = 0;
+          for (int j = 0; j <= i; ++j) {
+            const double p = std::exp(score[size_t(j)] - mx) / z;
+            const double* vj = &v[(static_cast<size_t>(j) * Hk + kh) * hd];
+            for (int e = 0; e < hd; ++e) attn[size_t(hh) * hd + e] += p * vj[e];
+          }
+        }
+        if (m.attn_output_gate && !opt.skip_output_gate)
+          for (int e = 0; e < H * hd; ++e) attn[size_t(e)] *= sigmoid(gate[size_t(i) * H * hd + size_t(e)]);
+        proj(L.wo, L.bo, attn.data(), D, H * hd, o.data());
+        if (sandwich) {
+          rms_norm(o.data(), L.post_attn_norm, D, m.eps, tmp2.data(), no);
+          o.swap(tmp2);
+        }
+        for (int e = 0; e < D; ++e) x_new[size_t(i) * D + e] += o[size_t(e)];
+      }
+      x.swap(x_new);
     }
-    x.swap(x_new);
 
     std::vector<Vec> gu_w, down_w;  // gpt-oss: the experts decoded from MXFP4, [2I, D] and [D, I]
     if (!L.gu_blocks.empty()) {
@@ -489,6 +664,15 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
         swiglu(ex.gate, ex.up, ex.down, h.data(), D, int(ex.gate.size() / size_t(D)), o.data());
         for (int e = 0; e < D; ++e) acc[size_t(e)] += p * o[size_t(e)];
       }
+      if (!L.shared.gate.empty()) {  // Qwen3.5-MoE: x sigmoid(shared_expert_gate · x)
+        swiglu(L.shared.gate, L.shared.up, L.shared.down, h.data(), D, int(L.shared.gate.size() / size_t(D)), o.data());
+        double sg = 1.0;
+        if (!L.shared_gate.empty() && !opt.drop_shared_gate) {
+          matvec(L.shared_gate, {}, h.data(), 1, D, &sg);
+          sg = sigmoid(sg);
+        }
+        for (int e = 0; e < D; ++e) acc[size_t(e)] += sg * o[size_t(e)];
+      }
       for (int e = 0; e < D; ++e) xt[e] += acc[size_t(e)];
     }
   }
@@ -506,11 +690,13 @@ inline Vec forward(const Model& m, const std::vector<int>& ids, const Options& o
 inline Model from_glm(const hf::Spec& s, const hf::TensorMap& w);
 inline Model from_gpt_oss(const hf::Spec& s, const hf::TensorMap& w);
 inline Model from_gemma3(const hf::Spec& s, const hf::TensorMap& w);
+inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w);
 
 inline Model from_hf(const hf::Spec& s, const hf::TensorMap& w) {
   if (s.glm()) return from_glm(s, w);
   if (s.gemma3()) return from_gemma3(s, w);
   if (s.gpt_oss()) return from_gpt_oss(s, w);
+  if (s.qwen3_5()) return from_qwen3_5(s, w);
   auto get = [&](const std::string& n) -> const Vec& {
     auto it = w.find(n);
     if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
@@ -737,6 +923,99 @@ inline Model from_gemma3(const hf::Spec& s, const hf::TensorMap& w) {
     L.w_down = get(p + "mlp.down_proj.weight");
     L.local_rope = s.layer_type(l) == "sliding_attention";
     L.window = s.window_of(l);
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+
+// The reference model of an hf_tiny.hpp Qwen3.5 checkpoint (MODEL-FAMILIES-2026.md §1, from
+// modeling_qwen3_5.py / modular_qwen3_5_moe.py), read from its tensors under model.language_model.
+// (model.visual.* and mtp.* are never read): (1 + w) norms (input, post_attention, final, q/k), no
+// embedding scale; each layer's type from layer_types or the (l + 1) % full_attention_interval rule;
+// full-attention layers with the output gate (q_proj rows per head [query | gate]), q/k norms before
+// RoPE over the first head_dim · partial_rotary_factor dims (split-half within them, rope_theta),
+// scale head_dim^-0.5, GQA; Gated DeltaNet layers as gated_delta_net(); the dense SwiGLU MLP, or
+// the MoE (softmax over all experts, top-k, always renormalised) with the shared expert x
+// sigmoid(shared_expert_gate · x), its experts from the fused [E, 2I, D] / [E, D, I] tensors or the
+// per-expert keys; lm_head, or the embedding when tied.
+inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w) {
+  auto get = [&](const std::string& n) -> const Vec& {
+    auto it = w.find(n);
+    if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
+    return it->second.v;
+  };
+  const std::string pre = "model.language_model.";
+  Model m;
+  m.D = s.hidden;
+  m.H = s.heads;
+  m.Hk = s.kv_heads;
+  m.hd = s.head_dim;
+  m.V = s.vocab;
+  m.eps = s.eps;
+  m.norm_offset = 1.0;
+  m.inv_freq = default_inv_freq(s.theta, int(s.head_dim * s.partial_rotary_factor));
+  m.attn_output_gate = true;
+  m.lin_Hk = s.lin_k_heads;
+  m.lin_Hv = s.lin_v_heads;
+  m.lin_dk = s.lin_k_dim;
+  m.lin_dv = s.lin_v_dim;
+  m.conv_kernel = s.conv_kernel;
+  m.top_k = s.top_k;
+  m.norm_topk_prob = true;
+  m.embed = get(pre + "embed_tokens.weight");
+  m.final_norm = get(pre + "norm.weight");
+  m.lm_head = s.tied ? m.embed : get("lm_head.weight");
+  const size_t D = size_t(s.hidden), I = size_t(s.moe_inter);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = pre + "layers." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = get(p + "input_layernorm.weight");
+    L.ffn_norm = get(p + "post_attention_layernorm.weight");
+    const std::string type = s.layer_type(l);
+    if (type == "full_attention") {
+      L.wq = get(p + "self_attn.q_proj.weight");
+      L.wk = get(p + "self_attn.k_proj.weight");
+      L.wv = get(p + "self_attn.v_proj.weight");
+      L.wo = get(p + "self_attn.o_proj.weight");
+      L.q_norm = get(p + "self_attn.q_norm.weight");
+      L.k_norm = get(p + "self_attn.k_norm.weight");
+    } else if (type == "linear_attention") {
+      const std::string a = p + "linear_attn.";
+      L.in_qkv = get(a + "in_proj_qkv.weight");
+      L.in_z = get(a + "in_proj_z.weight");
+      L.in_b = get(a + "in_proj_b.weight");
+      L.in_a = get(a + "in_proj_a.weight");
+      L.conv = get(a + "conv1d.weight");  // [C, 1, K] row-major is [C][K]
+      L.dt_bias = get(a + "dt_bias");
+      L.A_log = get(a + "A_log");
+      L.gdn_norm = get(a + "norm.weight");
+      L.out_proj = get(a + "out_proj.weight");
+    } else {
+      throw std::runtime_error("reference: layer type " + type);
+    }
+    if (s.family == "qwen3_5_moe") {
+      L.router = get(p + "mlp.gate.weight");
+      const std::string x = p + "mlp.experts.";
+      for (int e = 0; e < s.experts; ++e) {
+        if (s.per_expert_keys) {
+          const std::string q = x + std::to_string(e) + ".";
+          L.experts.push_back({get(q + "gate_proj.weight"), get(q + "up_proj.weight"), get(q + "down_proj.weight")});
+          continue;
+        }
+        const Vec& gu = get(x + "gate_up_proj");
+        const Vec& dn = get(x + "down_proj");
+        const auto g0 = gu.begin() + ptrdiff_t(size_t(e) * 2 * I * D), d0 = dn.begin() + ptrdiff_t(size_t(e) * D * I);
+        L.experts.push_back({Vec(g0, g0 + ptrdiff_t(I * D)), Vec(g0 + ptrdiff_t(I * D), g0 + ptrdiff_t(2 * I * D)),
+                             Vec(d0, d0 + ptrdiff_t(D * I))});
+      }
+      L.shared = {get(p + "mlp.shared_expert.gate_proj.weight"), get(p + "mlp.shared_expert.up_proj.weight"),
+                  get(p + "mlp.shared_expert.down_proj.weight")};
+      L.shared_gate = get(p + "mlp.shared_expert_gate.weight");
+    } else {
+      L.w_gate = get(p + "mlp.gate_proj.weight");
+      L.w_up = get(p + "mlp.up_proj.weight");
+      L.w_down = get(p + "mlp.down_proj.weight");
+    }
     m.layers.push_back(std::move(L));
   }
   return m;

@@ -47,7 +47,8 @@ inline float bf16_to_f32(uint16_t h) {
 inline double bf16_round(double x) { return double(bf16_to_f32(f32_to_bf16(float(x)))); }
 
 // family: llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral | chatglm | glm | glm4 |
-// deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss | gemma3_text | gemma3 (the HF model_type). The GLM-4 forms: chatglm in ChatGLM's own keys and tensor names (fused
+// deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss | gemma3_text | gemma3 | qwen3_5 | qwen3_5_moe (the HF
+// model_type). The GLM-4 forms: chatglm in ChatGLM's own keys and tensor names (fused
 // query_key_value with bias, dense_h_to_4h), glm / glm4 in the Llama layout with split q/k/v +
 // bias and a fused gate_up_proj, glm4 with the sandwich norms.
 struct Spec {
@@ -111,6 +112,37 @@ struct Spec {
   int sliding_window_pattern = 6;
   bool write_sliding_window_pattern = false;
   std::string language_prefix = "language_model.model.";
+  // qwen3_5 / qwen3_5_moe (HF Qwen3_5(Moe)TextConfig inside Qwen3_5(Moe)Config; MODEL-FAMILIES-2026.md
+  // §1): the multimodal wrapper (text fields under text_config, a dummy vision_config; the text
+  // tensors under model.language_model., beside model.visual.* and mtp.* tensors a reader must
+  // ignore). heads / kv_heads / head_dim are the full-attention layers' (q_proj [H·hd·2, hidden]:
+  // per head hd query rows then hd gate rows); partial_rotary_factor of head_dim rotates (split-half
+  // within it). layer_types as above, or (write_layer_types false) HF's default rule: layer l is
+  // full_attention when (l + 1) % full_attention_interval == 0, else linear_attention (Gated
+  // DeltaNet: lin_k_heads q/k heads of lin_k_dim, lin_v_heads value heads of lin_v_dim, a causal
+  // depthwise conv of conv_kernel taps). RoPE: rope_parameters {rope_type default, rope_theta,
+  // partial_rotary_factor, mrope_section, mrope_interleaved} (transformers 5), or with classic_rope
+  // top-level rope_theta + partial_rotary_factor. qwen3_5: dense SwiGLU (inter); qwen3_5_moe: every
+  // layer a router over experts (top_k, moe_inter, always renormalised) plus a shared expert of
+  // shared_inter (0: moe_inter) gated by sigmoid(shared_expert_gate · x); the experts fused as
+  // mlp.experts.gate_up_proj [E, 2I, hidden] / down_proj [E, hidden, I], or per_expert_keys
+  // mlp.experts.{e}.{gate,up,down}_proj.weight (the same values for the same seed).
+  // Weights: every (1 + w) norm (input / post_attention / final: N(0, norm_jitter); q/k:
+  // N(0, qk_norm_jitter)) is stored as the offset w; the DeltaNet's output norm (plain w) is
+  // 1 + N(0, lin_norm_jitter); conv1d N(0, conv_scale); A_log N(a_log_center, a_log_jitter) and
+  // dt_bias N(0, dt_bias_scale) with in_proj_a N(0, proj_a_scale), so that the decay exp(g) =
+  // exp(-exp(A_log) · softplus(a + dt_bias)) lies mostly in (0.3, 0.95); other projections N(0, scale).
+  // lin_qk_overlap c > 0 correlates each q channel with its k channel (in_proj_qkv's q rows and
+  // conv1d's q taps become c · k's + sqrt(1 - c²) · their own draw): random q and k in a few dims are
+  // often near-orthogonal, which leaves o = Sᵀq a near-zero cancellation that the DeltaNet's output
+  // norm scales back to unit size, amplifying fp32 roundoff (trained models' q and k are correlated).
+  int lin_k_heads = 2, lin_v_heads = 4, lin_k_dim = 8, lin_v_dim = 8, conv_kernel = 4;
+  int full_attention_interval = 4;
+  int shared_inter = 0;
+  bool classic_rope = false, per_expert_keys = false;
+  double lin_norm_jitter = 0.2, conv_scale = 0.5, a_log_center = -0.9, a_log_jitter = 0.4, dt_bias_scale = 0.3,
+         proj_a_scale = 0.05;
+  double lin_qk_overlap = 0.0;
 
   bool glm() const { return family == "chatglm" || family == "glm" || family == "glm4"; }
   bool deepseek() const { return family == "deepseek_v2" || family == "deepseek_v3"; }
@@ -120,22 +152,25 @@ struct Spec {
   bool glm4_moe() const { return family == "glm4_moe"; }
   bool gpt_oss() const { return family == "gpt_oss"; }
   bool gemma3() const { return family == "gemma3" || family == "gemma3_text"; }
+  bool qwen3_5() const { return family == "qwen3_5" || family == "qwen3_5_moe"; }
   // The prefix of the Gemma 3 text model's tensors (embed_tokens, layers.N., norm).
   std::string text_prefix() const { return family == "gemma3" ? language_prefix : "model."; }
-  // gpt_oss / gemma3: layer l's type as the config states it, else HF's default rule.
+  // gpt_oss / gemma3 / qwen3_5: layer l's type as the config states it, else HF's default rule.
   std::string layer_type(int l) const {
     if (!layer_types.empty()) return layer_types[size_t(l)];
+    if (qwen3_5()) return (l + 1) % full_attention_interval ? "linear_attention" : "full_attention";
     const int pattern = gemma3() ? sliding_window_pattern : 2;
     return (l + 1) % pattern ? "sliding_attention" : "full_attention";
   }
 
   bool moe() const {
-    return family == "qwen3_moe" || family == "mixtral" || gpt_oss() || ((deepseek() || glm4_moe()) && experts > 0);
+    return family == "qwen3_moe" || family == "mixtral" || family == "qwen3_5_moe" || gpt_oss() ||
+           ((deepseek() || glm4_moe()) && experts > 0);
   }
   bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
   bool is_moe_layer(int l) const {
     if (!moe()) return false;
-    if (family == "mixtral" || gpt_oss()) return true;
+    if (family == "mixtral" || gpt_oss() || qwen3_5()) return true;
     if (deepseek()) return l >= first_k_dense_replace && l % moe_layer_freq == 0;
     if (glm4_moe()) return l >= first_k_dense_replace;
     for (int x : mlp_only_layers)
@@ -168,6 +203,8 @@ inline const char* class_of(const std::string& family) {
   if (family == "gpt_oss") return "GptOssForCausalLM";
   if (family == "gemma3_text") return "Gemma3ForCausalLM";
   if (family == "gemma3") return "Gemma3ForConditionalGeneration";
+  if (family == "qwen3_5") return "Qwen3_5ForConditionalGeneration";
+  if (family == "qwen3_5_moe") return "Qwen3_5MoeForConditionalGeneration";
   throw std::invalid_argument("unknown family " + family);
 }
 
@@ -401,10 +438,101 @@ inline nlohmann::json make_gemma3_config(const Spec& s) {
           {"torch_dtype", "bfloat16"}};
 }
 
+// Qwen3.5's config.json (HF Qwen3_5(Moe)Config as Qwen/Qwen3.5-* ship it, tiny shape): the text
+// fields under text_config (model_type qwen3_5_text / qwen3_5_moe_text, with the keys the real
+// configs carry beside the ones kvq needs: attn_output_gate, mamba_ssm_dtype, mtp_*), a dummy
+// vision_config, tie_word_embeddings at both levels. Spec::extra is merged into the text fields.
+inline nlohmann::json make_qwen3_5_config(const Spec& s) {
+  using nlohmann::json;
+  const bool moe = s.family == "qwen3_5_moe";
+  const int rotary_half = int(s.head_dim * s.partial_rotary_factor) / 2;
+  // mrope_section splits the rotary frequencies over the (t, h, w) streams ([11, 11, 10] of 32); for
+  // text all three are the token index, so it changes nothing.
+  const int ms = (rotary_half + 2) / 3;
+  const json mrope = {ms, ms, rotary_half - 2 * ms};
+  json t = {{"model_type", moe ? "qwen3_5_moe_text" : "qwen3_5_text"},
+            {"vocab_size", s.vocab},
+            {"hidden_size", s.hidden},
+            {"num_hidden_layers", s.layers},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.kv_heads},
+            {"head_dim", s.head_dim},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", s.max_pos},
+            {"rms_norm_eps", s.eps},
+            {"tie_word_embeddings", s.tied},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"attn_output_gate", true},
+            {"linear_conv_kernel_dim", s.conv_kernel},
+            {"linear_key_head_dim", s.lin_k_dim},
+            {"linear_value_head_dim", s.lin_v_dim},
+            {"linear_num_key_heads", s.lin_k_heads},
+            {"linear_num_value_heads", s.lin_v_heads},
+            {"full_attention_interval", s.full_attention_interval},
+            {"mamba_ssm_dtype", "float32"},
+            {"mtp_num_hidden_layers", 1},
+            {"mtp_use_dedicated_embeddings", false},
+            {"initializer_range", 0.02},
+            {"use_cache", true},
+            {"bos_token_id", s.bos_id},
+            {"eos_token_id", s.eos_id},
+            {"dtype", "bfloat16"}};
+  if (moe) {
+    t["num_experts"] = s.experts;
+    t["num_experts_per_tok"] = s.top_k;
+    t["moe_intermediate_size"] = s.moe_inter;
+    t["shared_expert_intermediate_size"] = s.shared_inter > 0 ? s.shared_inter : s.moe_inter;
+    t["router_aux_loss_coef"] = 0.001;
+    t["output_router_logits"] = false;
+  } else {
+    t["intermediate_size"] = s.inter;
+  }
+  if (s.classic_rope) {
+    t["rope_theta"] = s.theta;
+    t["partial_rotary_factor"] = s.partial_rotary_factor;
+  } else {
+    t["rope_parameters"] = {{"rope_type", "default"},
+                            {"rope_theta", s.theta},
+                            {"partial_rotary_factor", s.partial_rotary_factor},
+                            {"mrope_section", mrope},
+                            {"mrope_interleaved", true}};
+  }
+  if (s.write_layer_types) {
+    json lt = json::array();
+    for (int l = 0; l < s.layers; ++l) lt.push_back(s.layer_type(l));
+    t["layer_types"] = lt;
+  }
+  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) t[it.key()] = it.value();
+  return {{"architectures", {class_of(s.family)}},
+          {"model_type", s.family},
+          {"text_config", t},
+          {"vision_config",
+           {{"model_type", moe ? "qwen3_5_moe_vision" : "qwen3_5_vision"},
+            {"depth", 1},
+            {"hidden_size", 16},
+            {"intermediate_size", 32},
+            {"num_heads", 2},
+            {"in_channels", 3},
+            {"patch_size", 2},
+            {"spatial_merge_size", 2},
+            {"temporal_patch_size", 2},
+            {"out_hidden_size", s.hidden},
+            {"num_position_embeddings", 16},
+            {"hidden_act", "gelu_pytorch_tanh"}}},
+          {"image_token_id", s.vocab - 1},
+          {"video_token_id", s.vocab - 2},
+          {"vision_start_token_id", s.vocab - 3},
+          {"vision_end_token_id", s.vocab - 4},
+          {"tie_word_embeddings", s.tied},
+          {"transformers_version", "5.0.0"}};
+}
+
 inline nlohmann::json make_config(const Spec& s) {
   using nlohmann::json;
   if (s.family == "chatglm") return make_chatglm_config(s);
   if (s.gemma3()) return make_gemma3_config(s);
+  if (s.qwen3_5()) return make_qwen3_5_config(s);
   if (s.gpt_oss()) return make_gpt_oss_config(s);
   if (s.deepseek()) return make_deepseek_config(s);
   if (s.glm4_moe()) return make_glm4_moe_config(s);
@@ -691,6 +819,86 @@ void make_gemma3_weights(const Spec& s, Add& add) {
   }
 }
 
+// Qwen3.5 (modeling_qwen3_5.py / modular_qwen3_5_moe.py names) under model.language_model.: per
+// layer input_layernorm and post_attention_layernorm (offsets w: the norm scales by 1 + w), then
+// either self_attn (q_proj [H·hd·2, D] with per-head [query | gate] rows, k/v_proj, o_proj, q_norm /
+// k_norm [hd] as offsets; no biases) or linear_attn (in_proj_qkv [2·Hk·dk + Hv·dv, D] (rows q, k,
+// v), in_proj_z [Hv·dv, D], in_proj_b / in_proj_a [Hv, D], conv1d.weight [conv_dim, 1, K], dt_bias
+// [Hv], A_log [Hv], norm.weight [dv] (plain w, near 1), out_proj [D, Hv·dv]); the dense MLP or the
+// MoE block (see Spec); the final norm (offset). Then the tensors a reader must ignore: a few
+// model.visual.* and an MTP layer (mtp.*, its experts under per-expert keys as the hub ships them);
+// lm_head (unless tied) last. Every tensor draws from the generator in the same order under every
+// layout option, so one seed gives the same values under any of them.
+template <typename Add, typename Split, typename Overlap>
+void make_qwen3_5_weights(const Spec& s, Add& add, Split& split_experts, Overlap& overlap_qk) {
+  const int64_t D = s.hidden, H = s.heads, hd = s.head_dim, qd = H * hd, kvd = int64_t(s.kv_heads) * hd;
+  const int64_t Kd = int64_t(s.lin_k_heads) * s.lin_k_dim, Vd = int64_t(s.lin_v_heads) * s.lin_v_dim;
+  const int64_t Hv = s.lin_v_heads;
+  const int64_t E = s.experts, I = s.moe_inter, Is = s.shared_inter > 0 ? s.shared_inter : s.moe_inter;
+  const bool moe = s.family == "qwen3_5_moe";
+  const std::string pre = "model.language_model.";
+  add(pre + "embed_tokens.weight", {s.vocab, D}, s.embed_scale);
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = pre + "layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {D}, s.norm_jitter);
+    add(p + "post_attention_layernorm.weight", {D}, s.norm_jitter);
+    if (s.layer_type(l) == "full_attention") {
+      add(p + "self_attn.q_proj.weight", {2 * qd, D}, s.scale);
+      add(p + "self_attn.k_proj.weight", {kvd, D}, s.scale);
+      add(p + "self_attn.v_proj.weight", {kvd, D}, s.scale);
+      add(p + "self_attn.o_proj.weight", {D, qd}, s.scale);
+      add(p + "self_attn.q_norm.weight", {hd}, s.qk_norm_jitter);
+      add(p + "self_attn.k_norm.weight", {hd}, s.qk_norm_jitter);
+    } else {
+      const std::string a = p + "linear_attn.";
+      add(a + "in_proj_qkv.weight", {2 * Kd + Vd, D}, s.scale);
+      add(a + "in_proj_z.weight", {Vd, D}, s.scale);
+      add(a + "in_proj_b.weight", {Hv, D}, s.scale);
+      add(a + "in_proj_a.weight", {Hv, D}, s.proj_a_scale);
+      add(a + "conv1d.weight", {2 * Kd + Vd, 1, s.conv_kernel}, s.conv_scale);
+      add(a + "dt_bias", {Hv}, s.dt_bias_scale);
+      add(a + "A_log", {Hv}, s.a_log_jitter, s.a_log_center);
+      add(a + "norm.weight", {s.lin_v_dim}, s.lin_norm_jitter, 1.0);
+      add(a + "out_proj.weight", {D, Vd}, s.scale);
+      if (s.lin_qk_overlap > 0) overlap_qk(a, Kd, D);
+    }
+    if (!moe) {
+      add(p + "mlp.gate_proj.weight", {s.inter, D}, s.scale);
+      add(p + "mlp.up_proj.weight", {s.inter, D}, s.scale);
+      add(p + "mlp.down_proj.weight", {D, s.inter}, s.scale);
+      continue;
+    }
+    add(p + "mlp.gate.weight", {E, D}, s.router_scale);
+    add(p + "mlp.experts.gate_up_proj", {E, 2 * I, D}, s.scale);
+    add(p + "mlp.experts.down_proj", {E, D, I}, s.scale);
+    if (s.per_expert_keys) split_experts(p + "mlp.experts.", E, I, D);
+    add(p + "mlp.shared_expert.gate_proj.weight", {Is, D}, s.scale);
+    add(p + "mlp.shared_expert.up_proj.weight", {Is, D}, s.scale);
+    add(p + "mlp.shared_expert.down_proj.weight", {D, Is}, s.scale);
+    add(p + "mlp.shared_expert_gate.weight", {1, D}, s.scale);
+  }
+  add(pre + "norm.weight", {D}, s.norm_jitter);
+  add("model.visual.patch_embed.proj.weight", {16, 3, 2, 2, 2}, s.scale);
+  add("model.visual.blocks.0.attn.qkv.weight", {48, 16}, s.scale);
+  add("model.visual.merger.linear_fc1.weight", {64, 64}, s.scale);
+  add("model.visual.merger.linear_fc2.weight", {D, 64}, s.scale);
+  add("mtp.fc.weight", {D, 2 * D}, s.scale);
+  add("mtp.pre_fc_norm_embedding.weight", {D}, s.norm_jitter);
+  add("mtp.pre_fc_norm_hidden.weight", {D}, s.norm_jitter);
+  add("mtp.norm.weight", {D}, s.norm_jitter);
+  add("mtp.layers.0.input_layernorm.weight", {D}, s.norm_jitter);
+  add("mtp.layers.0.self_attn.q_proj.weight", {2 * qd, D}, s.scale);
+  add("mtp.layers.0.self_attn.k_proj.weight", {kvd, D}, s.scale);
+  if (moe) {
+    add("mtp.layers.0.mlp.gate.weight", {E, D}, s.router_scale);
+    add("mtp.layers.0.mlp.experts.0.gate_proj.weight", {I, D}, s.scale);
+    add("mtp.layers.0.mlp.experts.0.down_proj.weight", {D, I}, s.scale);
+  } else {
+    add("mtp.layers.0.mlp.gate_proj.weight", {s.inter, D}, s.scale);
+  }
+  if (!s.tied) add("lm_head.weight", {s.vocab, D}, s.scale);  // last: tying changes no other value
+}
+
 inline void quantize_mxfp4(TensorMap& m, const std::string& name);
 
 inline TensorMap make_weights(const Spec& s) {
@@ -721,6 +929,46 @@ inline TensorMap make_weights(const Spec& s) {
   }
   if (s.gemma3()) {
     make_gemma3_weights(s, add);
+    return m;
+  }
+  if (s.qwen3_5()) {
+    // Per-expert keys: the fused [E, 2I, D] / [E, D, I] values re-filed as experts.{e}.gate_proj
+    // (rows 0..I-1 of gate_up), up_proj (rows I..2I-1) and down_proj.
+    auto split = [&](const std::string& x, int64_t E, int64_t I, int64_t Dm) {
+      const Tensor gu = m.at(x + "gate_up_proj"), dn = m.at(x + "down_proj");
+      m.erase(x + "gate_up_proj");
+      m.erase(x + "down_proj");
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string q = x + std::to_string(e) + ".";
+        Tensor g, u, d;
+        g.shape = u.shape = {I, Dm};
+        d.shape = {Dm, I};
+        const auto at = gu.v.begin() + ptrdiff_t(e * 2 * I * Dm);
+        g.v.assign(at, at + ptrdiff_t(I * Dm));
+        u.v.assign(at + ptrdiff_t(I * Dm), at + ptrdiff_t(2 * I * Dm));
+        d.v.assign(dn.v.begin() + ptrdiff_t(e * Dm * I), dn.v.begin() + ptrdiff_t((e + 1) * Dm * I));
+        m[q + "gate_proj.weight"] = std::move(g);
+        m[q + "up_proj.weight"] = std::move(u);
+        m[q + "down_proj.weight"] = std::move(d);
+      }
+    };
+    auto overlap = [&](const std::string& a, int64_t Kd, int64_t Dm) {
+      const double c = s.lin_qk_overlap, r = std::sqrt(1 - c * c);
+      Tensor& qkv = m.at(a + "in_proj_qkv.weight");
+      Tensor& conv = m.at(a + "conv1d.weight");
+      const int64_t K = s.conv_kernel;
+      for (int64_t i = 0; i < Kd; ++i) {
+        for (int64_t d = 0; d < Dm; ++d) {
+          double& q = qkv.v[size_t(i * Dm + d)];
+          q = bf16_round(c * qkv.v[size_t((Kd + i) * Dm + d)] + r * q);
+        }
+        for (int64_t j = 0; j < K; ++j) {
+          double& q = conv.v[size_t(i * K + j)];
+          q = bf16_round(c * conv.v[size_t((Kd + i) * K + j)] + r * q);
+        }
+      }
+    };
+    make_qwen3_5_weights(s, add, split, overlap);
     return m;
   }
   if (s.gpt_oss()) {

@@ -22,7 +22,7 @@ namespace hf = kvq::test::hf;
 
 const char* kUsage =
     "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4|deepseek_v2|\n"
-    "                                 deepseek_v3-fp8|glm4_moe|gpt_oss|gemma3_text|gemma3\n"
+    "                                 deepseek_v3-fp8|glm4_moe|gpt_oss|gemma3_text|gemma3|qwen3_5|qwen3_5_moe\n"
     "                        --out DIR\n"
     "                        [--seed S] [--scale X]\n"
     "                        [--layers N] [--head-dim D] [--kv-heads H]\n"
@@ -55,7 +55,14 @@ const char* kUsage =
     "            layer, q/k norms, GeGLU, embedding x bf16(sqrt(hidden)), tied head); gemma3: the same\n"
     "            inside the multimodal wrapper (text_config, language_model.model. tensors, dummy vision\n"
     "            tensors) with linear RoPE scaling x8 on the full layers; both with the Llama-3-style\n"
-    "            tokenizer, which prepends BOS (Gemma needs it)\n"
+    "            tokenizer, which prepends BOS (Gemma needs it);\n"
+    "            qwen3_5: Qwen3.5's hybrid in its multimodal layout (text_config, model.language_model.\n"
+    "            tensors, dummy model.visual.* and mtp.* tensors): 8 layers, full attention at 3 and 7 by\n"
+    "            the default rule (no layer_types), Gated DeltaNet elsewhere (2 q/k heads of 16 serving 4\n"
+    "            value heads of 16, conv kernel 4); gated attention with head_dim 64 of which 16 rotate\n"
+    "            (rope_parameters, theta 1e7), (1 + w) norms, tied head; qwen3_5_moe: the same with 8\n"
+    "            experts top-2 (fused gate_up_proj / down_proj) and a gated shared expert, untied;\n"
+    "            both with the Qwen tokenizer (no BOS). --layers keeps the default rule (interval 4)\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
     "  --scale   std of the weights (default 0.02)\n"
@@ -321,10 +328,29 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
     s.max_pos = 32768;
     s.eps = 1e-6;
     s.tied = true;
+  } else if (family == "qwen3_5" || family == "qwen3_5_moe") {
+    s.family = family;
+    s.layers = 8;
+    s.head_dim = 64;  // != hidden / heads
+    s.partial_rotary_factor = 0.25;
+    s.write_layer_types = false;
+    s.lin_k_heads = 2;
+    s.lin_v_heads = 4;
+    s.lin_k_dim = 16;
+    s.lin_v_dim = 16;
+    s.theta = 1e7;
+    s.max_pos = 262144;
+    s.eps = 1e-6;
+    s.tied = family == "qwen3_5";
+    s.experts = 8;
+    s.top_k = 2;
+    s.moe_inter = 32;
+    s.shared_inter = 32;
+    s.lin_norm_jitter = 0.0;
   } else {
     throw std::invalid_argument("--family: unknown '" + family +
                                 "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4, deepseek_v2, "
-                                "deepseek_v3-fp8, glm4_moe, gpt_oss, gemma3_text, gemma3)");
+                                "deepseek_v3-fp8, glm4_moe, gpt_oss, gemma3_text, gemma3, qwen3_5, qwen3_5_moe)");
   }
   return s;
 }
@@ -414,13 +440,19 @@ int run(int argc, char** argv) {
     s.kv_heads = kv_heads;
     s.heads = 2 * kv_heads;
   }
+  if (s.qwen3_5() && s.layers < s.full_attention_interval)
+    throw std::invalid_argument("--layers: " + family + " needs at least " + std::to_string(s.full_attention_interval) +
+                                " (full attention on every " + std::to_string(s.full_attention_interval) + "th layer)");
+  if (s.qwen3_5() && int(s.head_dim * s.partial_rotary_factor) % 2)
+    throw std::invalid_argument("--head-dim: " + family +
+                                " rotates head_dim / 4 dims in pairs; a multiple of 8 is needed");
   // GLM-4's own tokenizer is a tiktoken rank file; these tiny models carry the Qwen-style
   // byte-level BPE tokenizer.json (no BOS), which the GLM-4 -hf repos also ship.
   // gpt-oss's own tokenizer (o200k_harmony) prepends no BOS either. Gemma 3's own tokenizer is
   // SentencePiece (<bos> = 2, prepended); its tiny models carry the Llama-3-style tokenizer.json,
   // whose template prepends BOS too (the BOS/EOS ids are that tokenizer's).
   const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe" || s.glm() || s.glm4_moe() ||
-                    s.gpt_oss();
+                    s.gpt_oss() || s.qwen3_5();
   const Tok tok = make_tokenizer(qwen);
   s.vocab = tok.vocab_size;
   s.bos_id = tok.bos;

@@ -171,6 +171,10 @@ std::unique_ptr<Inputs> prepare(const CaptureOptions& o) {
   prov.head_dim_v = cfg.head_dim_v;
   prov.softmax_scale = cfg.softmax_scale;
   prov.n_layers = cfg.n_layers;
+  if (cfg.hybrid()) {  // only the layers with a KV cache are captured (version 8 records which)
+    prov.decoder_layers = cfg.attn_layer_index;
+    prov.n_decoder_layers = cfg.decoder_layers();
+  }
   prov.n_heads = cfg.n_heads;
   prov.n_kv_heads = cfg.n_kv_heads;
   for (int g = 0; g < cfg.n_heads; ++g) prov.gqa_map.push_back(cfg.kv_head_of(g));
@@ -257,7 +261,7 @@ MemoryPlan plan_memory(const Inputs& in, const CaptureOptions& o) {
   const ModelConfig& cfg = in.model.config();
   MemoryPlan m;
   m.budget = o.max_memory > 0 ? o.max_memory : default_memory_budget();
-  for (int l = 0; l < cfg.n_layers; ++l) {
+  for (int l = 0; l < cfg.decoder_layers(); ++l) {  // every decoder layer, cached or not
     const int64_t b = in.model.layer_bytes(l) + in.model.layer_stored_bytes(l);
     if (b > m.layer) m.layer = b, m.widest_layer = l;
   }

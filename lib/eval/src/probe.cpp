@@ -105,45 +105,55 @@ ProbeResult probe_layers(const Model& m, const std::vector<std::vector<int64_t>>
   r.kl.assign(size_t(S) * size_t(L), 0.0);
   r.dnll.assign(size_t(S) * size_t(L), 0.0);
   r.windows = int64_t(windows.size());
+  // Forwards count decoder layers: a hybrid model's probe of KV layer l runs every decoder layer
+  // from l's on, the cacheless ones included.
+  const int Ld = c.decoder_layers();
   int64_t probe_layers_run = 0;
-  for (int l : layers) probe_layers_run += L - l;
+  for (int l : layers) probe_layers_run += Ld - c.decoder_index(l);
   if (!o.quiet)
     spdlog::info("{}: {} layer(s) x {} candidate(s) on {} window(s) of {} tokens: {} layer forwards per batch "
                  "({:.1f}x the unquantized forward's {}), {} batch(es)",
-                 o.label, layers.size(), S, windows.size(), T, int64_t(S) * probe_layers_run + L,
-                 double(int64_t(S) * probe_layers_run + L) / double(L), L, batches.size());
+                 o.label, layers.size(), S, windows.size(), T, int64_t(S) * probe_layers_run + Ld,
+                 double(int64_t(S) * probe_layers_run + Ld) / double(Ld), Ld, batches.size());
   double nll_clean = 0;
   std::vector<double> nll(size_t(S) * size_t(L), 0.0);
   const size_t H = size_t(c.hidden_size);
   for (size_t bi = 0; bi < batches.size(); ++bi) {
     const Batch& b = batches[bi];
     const size_t stream = size_t(b.B) * size_t(T) * H;
-    // The residual stream at every layer's input (and after the last layer): L + 1 snapshots.
-    std::vector<std::vector<float>> at_input(size_t(L) + 1, std::vector<float>(stream));
+    // The residual stream at every probed layer's input and after the last decoder layer (indexed by
+    // decoder layer; the cacheless layers' inputs are not kept).
+    std::vector<std::vector<float>> at_input(size_t(Ld) + 1);
+    at_input[size_t(Ld)].resize(stream);
+    for (int l : layers) at_input[size_t(c.decoder_index(l))].resize(stream);
     std::vector<float> live(stream);
     Model::ChunkBatch cb;
     cb.ids = b.ids;
     cb.hidden = live.data();
     Model::ChunkHooks hooks;
-    hooks.after_step = [&](size_t, int layer) { std::copy(live.begin(), live.end(), at_input[size_t(layer + 1)].begin()); };
+    hooks.after_step = [&](size_t, int layer) {
+      std::vector<float>& keep = at_input[size_t(layer + 1)];
+      if (!keep.empty()) std::copy(live.begin(), live.end(), keep.begin());
+    };
     m.forward_chunk({cb}, hooks);
     Model::ForwardOptions plain;
-    const at::Tensor lp = scored_log_probs(m.forward_from(L, b.ids, at_input[size_t(L)].data(), plain));
+    const at::Tensor lp = scored_log_probs(m.forward_from(Ld, b.ids, at_input[size_t(Ld)].data(), plain));
     double kl0 = 0, n0 = 0;
     kl_nll(lp, lp, b.targets, &kl0, &n0);
     nll_clean += n0;
-    r.layer_forwards += L;
+    r.layer_forwards += Ld;
     for (int s = 0; s < S; ++s)
       for (int l : layers) {
         CodeOneLayer code(*settings[size_t(s)], l);
         Model::ForwardOptions fo;
         fo.kv_transform = &code;
-        const at::Tensor lq = scored_log_probs(m.forward_from(l, b.ids, at_input[size_t(l)].data(), fo));
+        const int dl = c.decoder_index(l);
+        const at::Tensor lq = scored_log_probs(m.forward_from(dl, b.ids, at_input[size_t(dl)].data(), fo));
         double kl = 0, nq = 0;
         kl_nll(lp, lq, b.targets, &kl, &nq);
         r.kl[size_t(s) * size_t(L) + size_t(l)] += kl;
         nll[size_t(s) * size_t(L) + size_t(l)] += nq;
-        r.layer_forwards += L - l;
+        r.layer_forwards += Ld - dl;
       }
     r.positions += b.B * (T - 1);
     if (!o.quiet)

@@ -89,7 +89,7 @@ nlohmann::json modelopt_config_json(const AllocFile& a, const std::string& alloc
   q["kv_cache_quant_algo"] = uniform ? modelopt_algo(f[0]) : "MIXED_PRECISION";
   nlohmann::json layers = nlohmann::json::object();
   for (size_t l = 0; l < f.size(); ++l)
-    layers["model.layers." + std::to_string(l) + ".self_attn"] = {{"quant_algo", modelopt_algo(f[l])}};
+    layers["model.layers." + std::to_string(a.calib.decoder_index(int(l))) + ".self_attn"] = {{"quant_algo", modelopt_algo(f[l])}};
   q["kv_cache_quantized_layers"] = layers;
   q["kv_cache_schema_version"] = 1;
   return {{"producer", {{"name", "kvq"}, {"version", KVQ_VERSION}}}, {"quantization", q}};
@@ -111,7 +111,7 @@ std::vector<StTensor> modelopt_tensors(const AllocFile& a, const std::string& al
   }
   std::vector<StTensor> t;
   for (int l = 0; l < L; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+    const std::string p = "model.layers." + std::to_string(a.calib.decoder_index(l)) + ".self_attn.";
     t.push_back(f32_tensor(p + "k_proj.k_scale", {}, {float(amax[0][size_t(l)] / codec::kE4M3Max)}));
     t.push_back(f32_tensor(p + "v_proj.v_scale", {}, {float(amax[1][size_t(l)] / codec::kE4M3Max)}));
   }
@@ -141,7 +141,7 @@ std::vector<std::string> export_modelopt_model(const std::string& model_dir, con
                     q[k].dump() + ": the model already has a KV-cache scheme; export from a checkpoint without one");
   }
   const AllocFile a = read_alloc(alloc_path);
-  check_same_model(m, a.calib.model_config_sha256, a.calib.n_layers, alloc_path, "calibration.model_config_sha256");
+  check_same_model(m, a.calib.model_config_sha256, a.calib.decoder_layer_count(), alloc_path, "calibration.model_config_sha256");
   ModelDirOutput out;
   out.config = nullptr;  // config.json linked as it is: ModelOpt reads hf_quant_config.json
   out.scales = modelopt_tensors(a, alloc_path);

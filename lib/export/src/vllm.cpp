@@ -82,6 +82,7 @@ VllmScales vllm_scales(const CalibFile& c, const std::string& calib_path, const 
   s.n_layers = c.prov.n_layers;
   s.n_heads = c.prov.n_heads;
   s.n_kv_heads = c.prov.n_kv_heads;
+  s.decoder_layers = c.prov.decoder_layers;
   if (s.n_layers <= 0 || s.n_heads <= 0 || s.n_kv_heads <= 0)
     throw Error(calib_path, h5path::kProvenance, "n_layers, n_heads and n_kv_heads must be > 0");
   s.k = side_scales(m.k_amax, s.n_layers, s.n_kv_heads, o.strategy, o.margin, calib_path, h5path::kStatsAmaxK, "KV head");
@@ -97,9 +98,11 @@ std::vector<StTensor> vllm_tensors(const VllmScales& s) {
     return std::vector<float>(x.begin() + ptrdiff_t(l) * per, x.begin() + ptrdiff_t(l + 1) * per);
   };
   for (int l = 0; l < s.n_layers; ++l) {
-    t.push_back(f32_tensor(layer_name(l, "k_scale"), {kp}, slice(s.k, l, kp)));
-    t.push_back(f32_tensor(layer_name(l, "v_scale"), {kp}, slice(s.v, l, kp)));
-    t.push_back(f32_tensor(layer_name(l, "q_scale"), {qp}, slice(s.q, l, qp)));
+    // Named by the decoder layer (a hybrid model's KV layers are some of them).
+    const int dl = s.name_of(l);
+    t.push_back(f32_tensor(layer_name(dl, "k_scale"), {kp}, slice(s.k, l, kp)));
+    t.push_back(f32_tensor(layer_name(dl, "v_scale"), {kp}, slice(s.v, l, kp)));
+    t.push_back(f32_tensor(layer_name(dl, "q_scale"), {qp}, slice(s.q, l, qp)));
   }
   return t;
 }
@@ -113,7 +116,7 @@ nlohmann::json vllm_legacy_scales(const VllmScales& s, const std::string& model_
   KVQ_ASSERT(tp > 0);
   nlohmann::json layers = nlohmann::json::object();
   // double(float) is exact: the number in the file reads back as the same fp32.
-  for (int l = 0; l < s.n_layers; ++l) layers[std::to_string(l)] = double(s.kv_layer_scale(l));
+  for (int l = 0; l < s.n_layers; ++l) layers[std::to_string(s.name_of(l))] = double(s.kv_layer_scale(l));
   nlohmann::json ranks = nlohmann::json::object();
   for (int r = 0; r < tp; ++r) ranks[std::to_string(r)] = layers;
   nlohmann::json j;
@@ -192,7 +195,7 @@ std::vector<std::string> export_vllm_model(const std::string& model_dir, const s
   ModelDirOutput out;
   out.config = vllm_merged_config(m, o.strategy);
   const CalibFile c = read_calib(calib_path, /*samples=*/false);
-  check_same_model(m, c.prov.model_config_sha256, c.prov.n_layers, calib_path, "provenance.model_config_sha256");
+  check_same_model(m, c.prov.model_config_sha256, c.prov.decoder_layer_count(), calib_path, "provenance.model_config_sha256");
   const VllmScales s = vllm_scales(c, calib_path, o);
   out.scales = vllm_tensors(s);
   out.scales_metadata = {{"format", "pt"},

@@ -62,6 +62,7 @@ static int64_t decisions_version(const AllocFile& a) {
   if (!nc) v = std::max(v, kAllocHeadNormCorrectionVersion);
   else if (*nc) v = std::max(v, kAllocNormCorrectionVersion);
   if (a.calib.has_kv_dims()) v = std::max(v, kAllocKvDimsVersion);
+  if (a.calib.hybrid()) v = std::max(v, kAllocHybridVersion);
   return v;
 }
 
@@ -104,6 +105,10 @@ json alloc_manifest(const AllocFile& a) {
   // Only when they are not the defaults (version 6): other files keep their bytes.
   if (p.v_dim() != p.head_dim) m["calibration"]["head_dim_v"] = p.head_dim_v;
   if (p.softmax_scale > 0) m["calibration"]["softmax_scale"] = p.softmax_scale;
+  if (p.hybrid()) {  // version 8
+    m["calibration"]["decoder_layers"] = p.decoder_layers;
+    m["calibration"]["n_decoder_layers"] = p.n_decoder_layers;
+  }
   json heads = json::array();
   for (const auto& h : a.heads) heads.push_back(alloc_heads::head_json(h, version, !nc));
   m["heads"] = heads;
@@ -199,6 +204,24 @@ AllocFile read_alloc(const std::string& path) {
       a.calib.head_dim_v = int_field<int>(path, c, "head_dim_v");
       if (a.calib.head_dim_v < 1 || a.calib.head_dim_v > 4096)
         throw Error(path, "manifest.calibration.head_dim_v", "out of range: " + std::to_string(a.calib.head_dim_v));
+    }
+    if (c.contains("decoder_layers") || c.contains("n_decoder_layers")) {
+      if (version < kAllocHybridVersion)
+        throw Error(path, "manifest.calibration.decoder_layers",
+                    "needs allocation version >= " + std::to_string(kAllocHybridVersion) + ", the file is version " +
+                        std::to_string(version));
+      field = "calibration.decoder_layers";
+      a.calib.decoder_layers = c.at("decoder_layers").get<std::vector<int>>();
+      a.calib.n_decoder_layers = int_field<int>(path, c, "n_decoder_layers");
+      const auto& dl = a.calib.decoder_layers;
+      if (dl.size() != size_t(std::max(0, a.calib.n_layers)))
+        throw Error(path, "manifest.calibration.decoder_layers",
+                    std::to_string(dl.size()) + " entries for n_layers " + std::to_string(a.calib.n_layers));
+      for (size_t l = 0; l < dl.size(); ++l)
+        if (dl[l] < 0 || dl[l] >= a.calib.n_decoder_layers || (l > 0 && dl[l] <= dl[l - 1]))
+          throw Error(path, "manifest.calibration.decoder_layers[" + std::to_string(l) + "]",
+                      std::to_string(dl[l]) + " is not an ascending decoder layer in [0, n_decoder_layers " +
+                          std::to_string(a.calib.n_decoder_layers) + ")");
     }
     if (c.contains("softmax_scale")) {
       field = "calibration.softmax_scale";

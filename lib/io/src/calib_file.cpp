@@ -60,6 +60,10 @@ std::string provenance_to_json(const CalibProvenance& p) {
     j["rope_local_attention_factor"] = p.rope_local_attention_factor;
     j["rope_local_layers"] = p.rope_local_layers;
   }
+  if (p.hybrid()) {  // version 8
+    j["decoder_layers"] = p.decoder_layers;
+    j["n_decoder_layers"] = p.n_decoder_layers;
+  }
   json files = json::array();
   for (const auto& f : p.corpus)
     files.push_back({{"path", f.path}, {"sha256", f.sha256}, {"bytes", f.bytes}, {"replaced_bytes", f.replaced_bytes}});
@@ -200,6 +204,22 @@ CalibProvenance provenance_from_json(const std::string& file, const std::string&
       if (l < 0 || l >= p.n_layers)
         throw Error(file, "provenance.rope_local_layers", "layer " + std::to_string(l) + " outside [0, " + std::to_string(p.n_layers) + ")");
   }
+  if (j.contains("decoder_layers") || j.contains("n_decoder_layers")) {  // version 8
+    get("decoder_layers", p.decoder_layers);
+    get("n_decoder_layers", p.n_decoder_layers);
+    if (p.n_decoder_layers < p.n_layers || p.n_decoder_layers > (1 << 16))
+      throw Error(file, "provenance.n_decoder_layers",
+                  std::to_string(p.n_decoder_layers) + " is not between n_layers " + std::to_string(p.n_layers) + " and 65536");
+    if (p.decoder_layers.size() != size_t(std::max(0, p.n_layers)))
+      throw Error(file, "provenance.decoder_layers",
+                  std::to_string(p.decoder_layers.size()) + " entries for n_layers " + std::to_string(p.n_layers));
+    for (size_t l = 0; l < p.decoder_layers.size(); ++l)
+      if (p.decoder_layers[l] < 0 || p.decoder_layers[l] >= p.n_decoder_layers ||
+          (l > 0 && p.decoder_layers[l] <= p.decoder_layers[l - 1]))
+        throw Error(file, "provenance.decoder_layers[" + std::to_string(l) + "]",
+                    std::to_string(p.decoder_layers[l]) + " is not an ascending decoder layer in [0, " +
+                        std::to_string(p.n_decoder_layers) + ")");
+  }
   if (j.contains("attention_sinks")) {  // version 6
     get("attention_sinks", p.attention_sinks);
     if (p.attention_sinks.size() != size_t(std::max(0, p.n_layers)))
@@ -298,9 +318,10 @@ void write_calib(const std::string& path, const CalibFile& c) {
         throw Error(path, "provenance.head_dim_v",
                     std::to_string(c.prov.v_dim()) + " disagrees with the moments' value dim " + std::to_string(sh.v_dim()));
       // Versions 5 (kv dims) and 6 (sinks) keep the provenance in the dataset, as version 4 does.
-      const bool sinks = c.prov.has_sinks(), local_rope = c.prov.has_local_rope();
-      const bool in_dataset = kv_dims || sinks || local_rope || prov.size() > kCalibProvenanceAttrMax;
-      h5::write_attr(root, "version", local_rope   ? kCalibLocalRopeVersion
+      const bool sinks = c.prov.has_sinks(), local_rope = c.prov.has_local_rope(), hybrid = c.prov.hybrid();
+      const bool in_dataset = kv_dims || sinks || local_rope || hybrid || prov.size() > kCalibProvenanceAttrMax;
+      h5::write_attr(root, "version", hybrid       ? kCalibHybridVersion
+                                      : local_rope ? kCalibLocalRopeVersion
                                       : sinks      ? kCalibSinksVersion
                                       : kv_dims    ? kCalibKvDimsVersion
                                       : in_dataset ? kCalibProvenanceDatasetVersion
@@ -425,6 +446,10 @@ CalibFile read_calib(const std::string& path, bool samples) {
   if (c.prov.has_local_rope() && c.format_version < kCalibLocalRopeVersion)
     throw Error(path, "provenance.rope_local_inv_freq",
                 "needs calibration version >= " + std::to_string(kCalibLocalRopeVersion) + ", the file is version " +
+                    std::to_string(c.format_version));
+  if (c.prov.hybrid() && c.format_version < kCalibHybridVersion)
+    throw Error(path, "provenance.decoder_layers",
+                "needs calibration version >= " + std::to_string(kCalibHybridVersion) + ", the file is version " +
                     std::to_string(c.format_version));
   if (c.prov.has_sinks() && c.format_version < kCalibSinksVersion)
     throw Error(path, "provenance.attention_sinks",

@@ -28,6 +28,12 @@ double ModelConfig::attn_scale() const {
   return softmax_scale > 0.0 ? softmax_scale : 1.0 / std::sqrt(double(head_dim));
 }
 
+int ModelConfig::kv_index(int d) const {
+  if (attn_layer_index.empty()) return d;
+  const auto it = std::find(attn_layer_index.begin(), attn_layer_index.end(), d);
+  return it == attn_layer_index.end() ? -1 : int(it - attn_layer_index.begin());
+}
+
 std::vector<double> rope_default_inv_freq(double theta, int rotary_dim) {
   std::vector<double> inv(size_t(std::max(0, rotary_dim / 2)));
   for (size_t i = 0; i < inv.size(); ++i) inv[i] = rope_block_default_inv_freq(theta, int(i), rotary_dim);

@@ -87,7 +87,7 @@ class HfCheckpoint final : public LayerSource {
     // Validate everything before converting anything.
     if (family.check_weights) family.check_weights(c, t_, config_path);
     check(names_.embed, {V, D});
-    for (int l = 0; l < c.n_layers; ++l)
+    for (int l = 0; l < c.decoder_layers(); ++l)
       for (const auto& want : plan_tensors(plan(l))) check(want.name, want.stored_shape());
     check(names_.final_norm, {D});
     if (!c.tie_word_embeddings) check(names_.lm_head, {V, D});
@@ -398,7 +398,7 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
   w->final_norm = ckpt->load(ckpt->names().final_norm, {c.hidden_size});
   if (ckpt->names().final_norm_offset != 0) w->final_norm.add_(ckpt->names().final_norm_offset);
   if (c.attn_sinks)  // small ([H] a layer), kept apart so that a streamed model knows them before a forward
-    for (int l = 0; l < c.n_layers; ++l) w->sinks.push_back(ckpt->sinks(l));
+    for (int l = 0; l < c.n_layers; ++l) w->sinks.push_back(ckpt->sinks(c.decoder_index(l)));
   if (stream) {
     ckpt->set_lazy_experts(true);
     w->source = ckpt;
@@ -408,8 +408,8 @@ void load_hf(const std::string& dir, ModelConfig* cfg, ModelWeights* w, std::str
   // the fp32 model plus one layer's stored bytes, not the fp32 model plus the whole checkpoint).
   w->embed = ckpt->load_gemm(ckpt->names().embed, {c.vocab_size, c.hidden_size});
   ckpt->drop(ckpt->names().embed);
-  w->layers.resize(c.n_layers);
-  for (int l = 0; l < c.n_layers; ++l) {
+  w->layers.resize(size_t(c.decoder_layers()));
+  for (int l = 0; l < c.decoder_layers(); ++l) {
     ckpt->build(l, &w->layers[size_t(l)]);
     ckpt->release(l);
   }

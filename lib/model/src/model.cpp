@@ -65,7 +65,7 @@ int64_t Model::whole_bytes(const std::string& path, Precision p) {
     c = detail::parse_hf_config(dir + "/config.json");
   }
   int64_t bytes = int64_t(c.hidden_size) * int64_t(sizeof(float));  // final norm
-  for (int l = 0; l < c.n_layers; ++l) bytes += ::kvq::layer_bytes(c, l, p);
+  for (int l = 0; l < c.decoder_layers(); ++l) bytes += ::kvq::layer_bytes(c, l, p);
   const int64_t elem = p == Precision::kBf16 ? 2 : int64_t(sizeof(float));
   const int64_t table = int64_t(c.vocab_size) * int64_t(c.hidden_size) * elem;
   return bytes + table * (c.tie_word_embeddings ? 1 : 2);
@@ -178,7 +178,7 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
 
   Pass p = make_pass(ids, c, opts.pos0, *w_, nullptr);
   const LayerFn layer = layer_of(c);
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (int l = 0; l < c.decoder_layers(); ++l) {
     const LayerLease L(*w_, l);
     layer(c, L.get(), l, ws, p, opts);
   }
@@ -192,8 +192,8 @@ at::Tensor Model::forward_from(int first, const at::Tensor& ids_in, const float*
   c10::InferenceMode guard;
   const ModelConfig& c = config_;
   const at::Tensor ids = checked_ids(ids_in, c, path_);
-  if (first < 0 || first > c.n_layers)
-    throw Error(path_, "first_layer", std::to_string(first) + " is outside 0.." + std::to_string(c.n_layers));
+  if (first < 0 || first > c.decoder_layers())
+    throw Error(path_, "first_layer", std::to_string(first) + " is outside 0.." + std::to_string(c.decoder_layers()));
   if (!hidden) throw Error(path_, "hidden", "the residual stream at the first layer's input is null");
   if (opts.pos0 < 0) throw Error(path_, "pos0", std::to_string(opts.pos0) + " is negative");
   if (opts.protected_kv) throw Error(path_, "protected_kv", "not with forward_from");
@@ -203,7 +203,7 @@ at::Tensor Model::forward_from(int first, const at::Tensor& ids_in, const float*
   Pass p = make_pass(ids, c, opts.pos0, *w_, nullptr);  // positions, RoPE; its stream is replaced
   p.x.copy_(at::from_blob(const_cast<float*>(hidden), {B * T, int64_t(c.hidden_size)}, at::kFloat));
   const LayerFn layer = layer_of(c);
-  for (int l = first; l < c.n_layers; ++l) {
+  for (int l = first; l < c.decoder_layers(); ++l) {
     const LayerLease L(*w_, l);
     layer(c, L.get(), l, ws, p, opts);
   }
@@ -232,7 +232,7 @@ void Model::forward_chunk(const std::vector<ChunkBatch>& batches, const ChunkHoo
     if (hooks.after_step) hooks.after_step(i, -1);  // the embedding written
   }
   const LayerFn layer = layer_of(c);
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (int l = 0; l < c.decoder_layers(); ++l) {
     {
       const LayerLease L(*w_, l);
       for (size_t i = 0; i < passes.size(); ++i) {
@@ -264,13 +264,16 @@ int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T, Preci
     f += N * ((c.q_lora_rank > 0 ? 2 * int64_t(c.q_lora_rank) : H * qk) + R + c.qk_rope_head_dim);
     f += N * (H * qk + H * c.qk_nope_head_dim + H * R + 2 * H * c.v_head_dim);
   } else {
-    f += N * (H + 2 * Hk) * d;
+    f += N * ((c.attn_output_gate ? 2 : 1) * H + 2 * Hk) * d;
+    if (c.attn_output_gate) f += N * H * d;
   }
+  if (c.hybrid())  // Gated DeltaNet: projection, convolved q/k/v, output
+    f += N * (2 * int64_t(c.linear_conv_dim()) + 2 * int64_t(c.linear_v_dim()) + 2 * int64_t(c.linear_value_heads));
   bool any_dense = false, any_moe = false;
-  for (int l = 0; l < c.n_layers; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
+  for (int l = 0; l < c.decoder_layers(); ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
   if (any_dense) f += N * 3 * int64_t(c.intermediate_size);
   if (any_moe) f += N * (2 * int64_t(c.hidden_size) + 3 * int64_t(c.moe_intermediate_size));
-  if (any_moe && c.n_shared_experts > 0) f += N * 3 * int64_t(c.n_shared_experts) * c.moe_intermediate_size;
+  if (any_moe && c.shared_width() > 0) f += N * 3 * int64_t(c.shared_width());
   // Attention blocks (Workspace's chunk of windows and query blocks of tb positions).
   const int64_t tb = std::min<int64_t>(T, std::max<int64_t>(64, (T + 7) / 8));
   const int64_t per_window = H * tb * T * int64_t(sizeof(float));
@@ -282,12 +285,13 @@ int64_t Model::workspace_bytes(const ModelConfig& c, int64_t B, int64_t T, Preci
   int64_t bytes = f * int64_t(sizeof(float));
   if (prec == Precision::kBf16) {  // Workspace::bf16_in / bf16_out: the widest GEMM input and product
     const int64_t D = c.hidden_size, I = any_dense ? int64_t(c.intermediate_size) : 0;
-    const int64_t Ie = any_moe ? int64_t(c.moe_intermediate_size) : 0, Is = int64_t(c.n_shared_experts) * Ie;
+    const int64_t Ie = any_moe ? int64_t(c.moe_intermediate_size) : 0, Is = any_moe ? int64_t(c.shared_width()) : 0;
     const int64_t qk = c.is_mla() ? c.qk_nope_head_dim + c.qk_rope_head_dim : 0;
     const int64_t qkv = c.is_mla() ? (c.q_lora_rank > 0 ? c.q_lora_rank : H * qk) + c.kv_lora_rank + c.qk_rope_head_dim
-                                   : (H + 2 * Hk) * d;
-    const int64_t in = std::max({D, H * dv, I, Ie, Is, int64_t(c.q_lora_rank)});
-    const int64_t out = std::max({qkv, D, 2 * I, 2 * Ie, 2 * Is, H * qk});
+                                   : ((c.attn_output_gate ? 2 : 1) * H + 2 * Hk) * d;
+    const int64_t gdn = c.hybrid() ? int64_t(c.linear_conv_dim()) + c.linear_v_dim() + 2 * int64_t(c.linear_value_heads) : 0;
+    const int64_t in = std::max({D, H * dv, I, Ie, Is, int64_t(c.q_lora_rank), int64_t(c.linear_v_dim())});
+    const int64_t out = std::max({qkv, D, 2 * I, 2 * Ie, 2 * Is, H * qk, gdn});
     bytes += N * (in + out) * 2;
   }
   return bytes;

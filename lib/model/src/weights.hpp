@@ -44,6 +44,12 @@ struct LayerWeights {
   // gpt-oss: sinks [H] (one logit per query head, in every softmax's denominator); the router's
   // linear bias [E]; the experts' biases [E, 2 I] (interleaved like their rows) and [E, D].
   at::Tensor sinks, router_b, expert_gate_up_b, expert_down_b;
+  // Qwen-MoE's shared-expert gate [1, D] (fp32 like the router): the shared SwiGLU's output x sigmoid(g . x).
+  at::Tensor shared_gate;
+  // Gated DeltaNet (Qwen3.5's linear_attention layers): wqkv is [in_proj_qkv; in_proj_z; in_proj_b;
+  // in_proj_a], wo is out_proj; the causal conv's taps [conv_dim, 1, K], dt_bias and A_log [Hv],
+  // and the gated output norm's weight [dv] (plain w).
+  at::Tensor conv_w, dt_bias, a_log, gdn_norm;
 };
 
 // A streamed model's checkpoint: weights stay in the mapped files in their stored dtype and are

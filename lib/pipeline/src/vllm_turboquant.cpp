@@ -44,6 +44,11 @@ alloc::Allocation allocate_vllm_turboquant(const CalibFile& c, const AllocateOpt
     throw Error(o.calib, "provenance.head_dim_v",
                 std::to_string(sh.v_dim()) + " differs from head_dim " + std::to_string(d) +
                     ": an MLA latent cache, which vLLM's TurboQuant does not code (no MLA path)");
+  if (c.prov.hybrid())
+    throw Error(o.calib, "provenance.decoder_layers",
+                "a hybrid model (" + std::to_string(c.prov.decoder_layer_count() - L) +
+                    " of its decoder layers keep no KV cache): vLLM's TurboQuant layer rules (boundary and skipped "
+                    "layers) are not modelled for hybrid decoders");
   if (const std::string why = vllm_tq::unsupported_head_dim(d); !why.empty())
     throw Error(o.calib, "provenance.head_dim", why + ": vLLM's TurboQuant refuses this model");
   alloc::VllmTqInput in;

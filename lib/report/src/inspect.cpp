@@ -69,6 +69,12 @@ std::string model_block(const CalibProvenance& p) {
                                   : ", inv_freq " + fmt(p.rope_inv_freq.front(), 6) + " .. " +
                                         fmt(p.rope_inv_freq.back(), 6)) +
          "\n";
+  if (p.hybrid()) {
+    s += "  hybrid       " + std::to_string(p.n_layers) + " of " + std::to_string(p.n_decoder_layers) +
+         " decoder layers keep a KV cache (layer l here is decoder layer";
+    for (int l : p.decoder_layers) s += " " + std::to_string(l);
+    s += "); the others run Gated DeltaNet: a fixed-size state, nothing to allocate\n";
+  }
   if (p.has_local_rope()) {
     s += "  local rope   layers";
     for (int l : p.rope_local_layers) s += " " + std::to_string(l);

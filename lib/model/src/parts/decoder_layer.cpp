@@ -9,13 +9,27 @@ namespace kvq::detail {
 // the K/V hooks of opts.
 void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace& ws, Pass& p,
                 const Model::ForwardOptions& opts) {
+  attention_block(c, L, l, ws, p, opts);
+  mlp_block(c, L, ws, p);
+}
+
+void attention_block(const ModelConfig& c, const LayerWeights& L, int dl, Workspace& ws, Pass& p,
+                     const Model::ForwardOptions& opts) {
   const int64_t B = p.B, T = p.T, N = B * T;
-  const int64_t H = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim, I = c.intermediate_size;
+  const int64_t H = c.n_heads, Hk = c.n_kv_heads, d = c.head_dim;
   const int64_t qd = H * d, kvd = Hk * d;
+  const int l = c.kv_index(dl);  // the KV layer: what captures, hooks, windows and RoPE are indexed by
   at::Tensor& x = p.x;
   rms_norm(x, L.attn_norm, c.rms_norm_eps, ws.h);
   if (c.is_mla()) {
     mla_project(c, L, ws);
+  } else if (c.attn_output_gate) {  // Qwen3.5: q_proj's rows per head are [query | gate]
+    linear(ws, ws.qkv, ws.h, L.wqkv, L.bqkv);
+    const at::Tensor qg = ws.qkv.narrow(1, 0, 2 * qd).view({N, H, 2, d});
+    ws.q.view({N, H, d}).copy_(qg.select(2, 0));
+    ws.attn_gate.view({N, H, d}).copy_(qg.select(2, 1));
+    ws.k.copy_(ws.qkv.narrow(1, 2 * qd, kvd));
+    ws.v.copy_(ws.qkv.narrow(1, 2 * qd + kvd, kvd));
   } else {
     linear(ws, ws.qkv, ws.h, L.wqkv, L.bqkv);
     ws.q.copy_(ws.qkv.narrow(1, 0, qd));
@@ -73,6 +87,7 @@ void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace
     attention_protected(ws, B, T, c, c.window_of(l), opts.protected_kv->sink, opts.protected_kv->recent, L.sinks);
   else
     attention(ws, B, T, c, c.window_of(l), L.sinks);
+  if (c.attn_output_gate) ws.attn.mul_(ws.attn_gate.sigmoid_());
   const at::Tensor& o_in = c.is_mla() ? mla_output(c, L, ws) : ws.attn;
   if (L.post_attn_norm.defined()) {  // GLM-4-0414: x += norm(o_proj(attn)); ws.h is free here
     linear(ws, ws.h, o_in, L.wo);
@@ -83,7 +98,11 @@ void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace
     if (L.bo.defined()) x.add_(L.bo);
     linear_add(ws, x, o_in, L.wo);
   }
+}
 
+void mlp_block(const ModelConfig& c, const LayerWeights& L, Workspace& ws, Pass& p) {
+  const int64_t I = c.intermediate_size;
+  at::Tensor& x = p.x;
   rms_norm(x, L.ffn_norm, c.rms_norm_eps, ws.h);
   if (L.router.defined()) {
     moe_mlp(ws, L, c, x);

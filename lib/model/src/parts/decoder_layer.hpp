@@ -31,5 +31,10 @@ using LayerFn = void (*)(const ModelConfig& c, const LayerWeights& L, int l, Wor
 
 void decoder_layer(const ModelConfig& c, const LayerWeights& L, int l, Workspace& ws, Pass& p,
                    const Model::ForwardOptions& opts);
+// Its two halves: x += attention(norm(x)) of decoder layer l (KV layer c.kv_index(l): what the
+// observer and the hooks are told, whose window and RoPE it uses), and x += mlp(norm(x)).
+void attention_block(const ModelConfig& c, const LayerWeights& L, int l, Workspace& ws, Pass& p,
+                     const Model::ForwardOptions& opts);
+void mlp_block(const ModelConfig& c, const LayerWeights& L, Workspace& ws, Pass& p);
 
 }  // namespace kvq::detail

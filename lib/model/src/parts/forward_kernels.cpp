@@ -185,14 +185,21 @@ Workspace::Workspace(const ModelConfig& c, int64_t B, int64_t T) : batch(B), seq
     mla_out = f({H, N, c.v_head_dim});
     mla_o = f({N, H * c.v_head_dim});
   } else {
-    qkv = f({N, (H + 2 * Hk) * d});
+    qkv = f({N, ((c.attn_output_gate ? 2 : 1) * H + 2 * Hk) * d});
+    if (c.attn_output_gate) attn_gate = f({N, H * d});
+  }
+  if (c.hybrid()) {
+    const int64_t Vd = c.linear_v_dim();
+    gdn_proj = f({N, c.linear_conv_dim() + Vd + 2 * int64_t(c.linear_value_heads)});
+    gdn_conv = f({N, c.linear_conv_dim()});
+    gdn_out = f({N, Vd});
   }
   q = f({N, H * d});
   k = f({N, Hk * d});
   v = f({N, Hk * dv});
   attn = f({N, H * dv});
   bool any_dense = false, any_moe = false;
-  for (int l = 0; l < c.n_layers; ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
+  for (int l = 0; l < c.decoder_layers(); ++l) (c.is_moe_layer(l) ? any_moe : any_dense) = true;
   if (any_dense) {
     gate_up = f({N, 2 * int64_t(c.intermediate_size)});
     act = f({N, c.intermediate_size});
@@ -203,8 +210,8 @@ Workspace::Workspace(const ModelConfig& c, int64_t B, int64_t T) : batch(B), seq
     moe_gate_up = f({N, 2 * int64_t(c.moe_intermediate_size)});
     moe_act = f({N, c.moe_intermediate_size});
     moe_out = f({N, c.hidden_size});
-    if (c.n_shared_experts > 0) {
-      const int64_t Is = int64_t(c.n_shared_experts) * c.moe_intermediate_size;
+    if (c.shared_width() > 0) {
+      const int64_t Is = c.shared_width();
       shared_gate_up = f({N, 2 * Is});
       shared_act = f({N, Is});
     }

@@ -41,6 +41,10 @@ struct Workspace {
   at::Tensor kq, vq, khq, vhq, scores_q, probs_q;
   at::Tensor moe_x, moe_gate_up, moe_act, moe_out;  // MoE: the rows routed to one expert
   at::Tensor shared_gate_up, shared_act;            // DeepSeekMoE's shared experts
+  at::Tensor attn_gate;  // Qwen3.5's attention output gate [N, H d] (ModelConfig::attn_output_gate)
+  // Gated DeltaNet (parts/gated_delta.hpp): the fused projection [N, conv_dim + Vd + 2 Hv], the
+  // convolved q/k/v [N, conv_dim] and the output [N, Vd].
+  at::Tensor gdn_proj, gdn_conv, gdn_out;
   // MLA: q_a (q-LoRA's normed rank), q_full [N, H (nope + rope)], per-head [H, N, .] operands of the
   // W_UK / W_UV absorption, and o_in [N, H v] (o_proj's input).
   at::Tensor mla_qa, mla_q, mla_nope, mla_lat, mla_out, mla_o;

@@ -94,8 +94,8 @@ LayerPlan decoder_plan(const ModelConfig& c, int l, const LayerNames& n, const L
                    {{en.down, {D, Ie}}},
                    e});
     }
-    if (c.n_shared_experts > 0) {
-      const int64_t Is = int64_t(c.n_shared_experts) * Ie;
+    if (c.shared_width() > 0) {
+      const int64_t Is = c.shared_width();
       p.push_back({[](LayerWeights& L) -> at::Tensor& { return L.shared_gate_up; },
                    {{n.shared.gate, {Is, D}}, {n.shared.up, {Is, D}}}});
       one([](LayerWeights& L) -> at::Tensor& { return L.shared_down; }, n.shared.down, {D, Is});
@@ -120,7 +120,8 @@ bool slot_is_gemm_weight(const Slot& s) {
   if (s.parts.empty() || s.parts[0].shape.size() != 2) return false;
   LayerWeights probe;  // which LayerWeights tensor the slot fills, by address
   const at::Tensor* t = &s.dst(probe);
-  return t != &probe.router && t != &probe.w_kv_b && t != &probe.expert_gate_up_b && t != &probe.expert_down_b;
+  return t != &probe.router && t != &probe.w_kv_b && t != &probe.expert_gate_up_b && t != &probe.expert_down_b &&
+         t != &probe.shared_gate && t != &probe.conv_w;
 }
 
 at::ScalarType slot_dtype(const Slot& s, Precision p) {
@@ -152,7 +153,7 @@ void check_expert_count(const ModelConfig& c, const std::string& config_path, co
     if (e - b > 9 || std::stoll(name.substr(b, e - b)) >= c.n_experts)
       throw Error(config_path, key, stated + " but the weights have tensor '" + name + "' (in " + kv.second->path() + ")");
   }
-  for (int l = 0; l < c.n_layers; ++l) {
+  for (int l = 0; l < c.decoder_layers(); ++l) {
     if (!c.is_moe_layer(l)) continue;
     for (int x = 0; x < c.n_experts; ++x) {
       const ExpertNames n = names(l, x);

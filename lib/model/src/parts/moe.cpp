@@ -212,7 +212,13 @@ void moe_mlp(Workspace& ws, const LayerWeights& L, const ModelConfig& c, at::Ten
     linear(ws, ws.shared_gate_up, ws.h, L.shared_gate_up);
     at::silu_out(ws.shared_act, ws.shared_gate_up.narrow(1, 0, Is));
     ws.shared_act.mul_(ws.shared_gate_up.narrow(1, Is, Is));
-    linear_add(ws, x, ws.shared_act, L.shared_down);
+    if (L.shared_gate.defined()) {  // Qwen-MoE: x += shared(h) · sigmoid(g · h); moe_out is free again
+      linear(ws, ws.moe_out, ws.shared_act, L.shared_down);
+      ws.moe_out.mul_(at::sigmoid(at::mm(ws.h, L.shared_gate.t())));
+      x.add_(ws.moe_out);
+    } else {
+      linear_add(ws, x, ws.shared_act, L.shared_down);
+    }
   }
 }
 

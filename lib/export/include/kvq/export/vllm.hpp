@@ -34,6 +34,10 @@ struct VllmScales {
   ScaleStrategy strategy = ScaleStrategy::kTensor;
   int n_layers = 0, n_heads = 0, n_kv_heads = 0;
   std::vector<float> k, v, q;
+  // A hybrid model's decoder layer of each KV layer (the calibration's provenance.decoder_layers);
+  // the tensors and JSON name decoder layers. Empty: the same numbers.
+  std::vector<int> decoder_layers;
+  int name_of(int layer) const { return decoder_layers.empty() ? layer : decoder_layers[size_t(layer)]; }
   int k_per_layer() const { return strategy == ScaleStrategy::kTensor ? 1 : n_kv_heads; }
   int q_per_layer() const { return strategy == ScaleStrategy::kTensor ? 1 : n_heads; }
   // The legacy file's per-layer scale: max over the layer's k and v scales.

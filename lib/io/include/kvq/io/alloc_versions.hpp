@@ -23,7 +23,7 @@ inline constexpr const char* kAllocFormat = "kvq-allocation";
 // 5; K and V of different dims or a recorded softmax scale: 6), so
 // kvq builds that read only older versions still read every file they can understand and refuse
 // the others by version; files without the newer fields keep their bytes.
-inline constexpr int64_t kAllocVersion = 7;
+inline constexpr int64_t kAllocVersion = 8;
 inline constexpr int64_t kAllocOldestVersion = 1;
 inline constexpr int64_t kAllocMinifloatVersion = 2;
 inline constexpr int64_t kAllocNormCorrectionVersion = 2;
@@ -50,6 +50,9 @@ inline constexpr int64_t kAllocKvDimsVersion = 6;
 // Coding kind vllm-turboquant (vLLM's TurboQuant cache: heads[].bits 3/4/8/16) and method
 // vllm-turboquant (summary.params: preset, kept_layers, the measured errors): 7.
 inline constexpr int64_t kAllocVllmTurboQuantVersion = 7;
+// manifest.calibration's "decoder_layers" / "n_decoder_layers": a hybrid model's (Qwen3.5) KV layers
+// among its decoder layers, which exports name; written only for such models, refused in 1..7.
+inline constexpr int64_t kAllocHybridVersion = 8;
 inline constexpr size_t kAllocManifestAttrMax = 60000;          // HDF5's limit is 64 KiB per header message
 inline constexpr size_t kAllocManifestMaxBytes = size_t(1) << 30;  // what a reader accepts
 

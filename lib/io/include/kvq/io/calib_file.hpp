@@ -57,6 +57,15 @@ struct CalibProvenance {
   bool has_sinks() const { return !attention_sinks.empty(); }
   // The sink of query head h at layer l, or -infinity (no sink: the plain softmax).
   double sink_of(int layer, int head) const;
+  // Hybrid decoders (Qwen3.5; version 8): the file's layers are the model's layers with a KV cache,
+  // and decoder_layers[l] is KV layer l's index among the n_decoder_layers decoder layers (the
+  // others, Gated DeltaNet, keep a fixed-size state: nothing of them is captured or allocated).
+  // Empty / 0: KV layer l is decoder layer l (every other file).
+  std::vector<int> decoder_layers;
+  int n_decoder_layers = 0;
+  bool hybrid() const { return !decoder_layers.empty(); }
+  int decoder_index(int layer) const { return hybrid() ? decoder_layers[size_t(layer)] : layer; }
+  int decoder_layer_count() const { return hybrid() ? n_decoder_layers : n_layers; }
   std::vector<CorpusFile> corpus;
   std::string tokenizer_path, tokenizer_sha256;
   // How special-token strings in the corpus were encoded ("special": as their ids, as HF does;

@@ -23,13 +23,17 @@ inline constexpr const char* kCalibFormat = "kvq-calibration";
 // Written only for such files; a file of version < 6 with the key is refused.
 // 7: per-layer RoPE (Gemma 3's local layers): provenance "rope_local_inv_freq",
 // "rope_local_attention_factor", "rope_local_layers"; written only for such files (in the dataset).
-inline constexpr int64_t kCalibVersion = 7;
+// 8: hybrid decoders (Qwen3.5: Gated DeltaNet layers without a KV cache): provenance
+// "decoder_layers" (each KV layer's decoder index) and "n_decoder_layers"; the file's layers are the
+// KV layers. Written only for such files (in the dataset).
+inline constexpr int64_t kCalibVersion = 8;
 inline constexpr int64_t kCalibOldestVersion = 1;
 inline constexpr int64_t kCalibAttrProvenanceVersion = 3;     // what a file with the attribute is written at
 inline constexpr int64_t kCalibProvenanceDatasetVersion = 4;
 inline constexpr int64_t kCalibKvDimsVersion = 5;
 inline constexpr int64_t kCalibSinksVersion = 6;
 inline constexpr int64_t kCalibLocalRopeVersion = 7;
+inline constexpr int64_t kCalibHybridVersion = 8;
 inline constexpr size_t kCalibProvenanceAttrMax = 60000;       // HDF5's limit is 64 KiB per header message
 inline constexpr size_t kCalibProvenanceMaxBytes = size_t(1) << 30;  // what a reader accepts
 

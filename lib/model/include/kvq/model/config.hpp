@@ -76,7 +76,7 @@ struct ModelConfig {
   int n_experts_per_tok = 0;      // top-k
   int moe_intermediate_size = 0;  // each expert's SwiGLU width (Mixtral: intermediate_size)
   bool norm_topk_prob = false;    // renormalise the kept top-k probabilities (Mixtral: always)
-  std::vector<uint8_t> layer_moe;  // [n_layers] or empty: 1 = MoE MLP, 0 = dense (intermediate_size)
+  std::vector<uint8_t> layer_moe;  // [decoder_layers()] or empty: 1 = MoE MLP, 0 = dense (intermediate_size)
 
   // --- DeepSeek-V2 (deepseek_v2): multi-head latent attention and DeepSeekMoE ---
   // MLA (kv_lora_rank > 0) is computed in its served (absorbed) form: one KV head whose key row is
@@ -114,10 +114,46 @@ struct ModelConfig {
   double embed_multiplier = 0.0;
   bool local_rope(int layer) const { return rope_local_theta > 0 && window_of(layer) > 0; }
 
+  // --- Qwen3.5 / Qwen3.6 (qwen3_5, qwen3_5_moe): Gated DeltaNet beside gated attention ---
+  // kvq's layers are the layers with a KV cache: n_layers counts them, and every per-layer field of
+  // the attention (layer_window, sinks, local RoPE, what a capture, an allocation or a K/V hook
+  // names "layer l") is indexed by them. A hybrid decoder has more layers, n_decoder_layers, of which
+  // attn_layer_index[l] is KV layer l; the others run Gated DeltaNet (a fixed-size state, no K/V per
+  // token): the forward runs them exactly, nothing captures, allocates or codes them. The decoder's
+  // own per-layer fields (layer_moe, LayerWeights, Model::layer_bytes, forward_from's first layer,
+  // ChunkHooks) are indexed by decoder layer. Empty / 0: every decoder layer has a cache (identity).
+  int n_decoder_layers = 0;
+  std::vector<int> attn_layer_index;
+  // q_proj's rows are per head [query (head_dim) | gate (head_dim)]; the attention output is
+  // multiplied by sigmoid(gate) before o_proj.
+  bool attn_output_gate = false;
+  // Gated DeltaNet: Hk q/k heads of dk, Hv value heads of dv (each q/k head serves Hv/Hk consecutive
+  // value heads), a causal depthwise conv of conv_kernel taps over [q; k; v].
+  int linear_key_heads = 0, linear_value_heads = 0, linear_key_dim = 0, linear_value_dim = 0;
+  int linear_conv_kernel = 0;
+  // Qwen-MoE's shared expert: a SwiGLU of this width on every token, scaled by sigmoid(g . x) (one
+  // gate row, LayerWeights::shared_gate) before it is added. 0: none (DeepSeekMoE's ungated shared
+  // experts use n_shared_experts).
+  int shared_expert_intermediate_size = 0;
+
+  // Width of the shared experts' SwiGLU (0: none).
+  int shared_width() const {
+    return shared_expert_intermediate_size > 0 ? shared_expert_intermediate_size : n_shared_experts * moe_intermediate_size;
+  }
+  int decoder_layers() const { return n_decoder_layers > 0 ? n_decoder_layers : n_layers; }
+  // Decoder layer of KV layer l.
+  int decoder_index(int l) const { return attn_layer_index.empty() ? l : attn_layer_index[size_t(l)]; }
+  // KV layer of decoder layer d, or -1 (a layer without a KV cache).
+  int kv_index(int d) const;
+  bool hybrid() const { return !attn_layer_index.empty(); }
+  int linear_qk_dim() const { return linear_key_heads * linear_key_dim; }   // Kd
+  int linear_v_dim() const { return linear_value_heads * linear_value_dim; }  // Vd
+  int linear_conv_dim() const { return 2 * linear_qk_dim() + linear_v_dim(); }
+
   bool is_mla() const { return kv_lora_rank > 0; }
 
   int window_of(int layer) const { return layer_window.empty() ? 0 : layer_window[size_t(layer)]; }
-  bool is_moe_layer(int layer) const { return !layer_moe.empty() && layer_moe[size_t(layer)] != 0; }
+  bool is_moe_layer(int decoder_layer) const { return !layer_moe.empty() && layer_moe[size_t(decoder_layer)] != 0; }
 
   int v_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   double attn_scale() const;  // softmax_scale, else 1/sqrt(head_dim)

@@ -1,0 +1,222 @@
+// A hybrid decoder (Qwen3.5-MoE: Gated DeltaNet on three layers of four, gated attention on the
+// fourth) through calib-capture, kvq-allocate and kvq-inspect: the calibration file's layers are the
+// layers with a KV cache, recorded with their decoder layers (version 8) — which ones is computed here
+// from config.json as transformers reads it (text_config.layer_types, else every
+// full_attention_interval-th layer) — every per-layer payload is sized by them, the allocation file
+// carries the map (version 8) and kvq-inspect names it. Bad maps (length, range, order, a decoder
+// count below the layers, the keys in a version-7 file, an allocation of version 7) are refused in one
+// line naming the field. (That the captured rows are the attention layers' own is
+// test_model_qwen3_5's CapturesAreTheAttentionLayers, against the float64 reference.)
+#include <gtest/gtest.h>
+
+#include <H5Cpp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "kvq/io/alloc_file.hpp"
+#include "kvq/io/calib_file.hpp"
+#include "kvq/io/h5.hpp"
+#include "kvq/util/error.hpp"
+#include "h5_root.hpp"
+#include "run_cmd.hpp"
+
+namespace fs = std::filesystem;
+using namespace kvq;
+using kvq::test::bin;
+using kvq::test::run_cmd;
+using kvq::test::temp_path;
+
+namespace {
+
+constexpr int kSeqLen = 32;
+
+struct Files {
+  std::string model, cal, alloc;
+};
+
+Files make_files() {
+  const std::string dir = temp_path("hybrid_calib");
+  Files f{dir + "/m", dir + "/c.kvqcal.h5", dir + "/a.kvqalloc.h5"};
+  if (fs::exists(f.alloc)) return f;
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  auto r = run_cmd(std::string(KVQ_MAKE_TINY_HF) + " --family qwen3_5_moe --seed 1 --out " + f.model);
+  EXPECT_EQ(r.status, 0) << r.err;
+  {
+    std::mt19937 rng(1);
+    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "from"};
+    std::ofstream c(dir + "/c.txt");
+    for (int i = 0; i < 4000; ++i) c << words[rng() % 12] << (i % 17 == 16 ? ".\n" : " ");
+  }
+  r = run_cmd(bin("calib-capture") + " -q --threads 1 --precision fp32 --model " + f.model + " --corpus " + dir +
+              "/c.txt --samples 4 --seq-len " + std::to_string(kSeqLen) + " --holdout 2 --reservoir-tokens 64 --out " +
+              f.cal);
+  EXPECT_EQ(r.status, 0) << r.err;
+  r = run_cmd(bin("kvq-allocate") + " -q --calib " + f.cal + " --method block-gtq --bpd 2 --out " + f.alloc);
+  EXPECT_EQ(r.status, 0) << r.err;
+  return f;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The full-attention layers as transformers' Qwen3_5TextConfig reads them: layer_types, else
+// "full_attention" where (i + 1) % full_attention_interval == 0 (interval 4 by default).
+std::vector<int> full_attention_layers(const nlohmann::json& tc) {
+  const int n = tc.at("num_hidden_layers").get<int>();
+  std::vector<int> out;
+  for (int i = 0; i < n; ++i) {
+    const bool full = tc.contains("layer_types") ? tc["layer_types"][size_t(i)] == "full_attention"
+                                                 : (i + 1) % tc.value("full_attention_interval", 4) == 0;
+    if (full) out.push_back(i);
+  }
+  return out;
+}
+
+std::string calib_error(const std::string& path) {
+  try {
+    read_calib(path, false);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string alloc_error(const std::string& path) {
+  try {
+    read_alloc(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void set_root_version(const std::string& path, int64_t version) {
+  h5::quiet();
+  H5::H5File f(path, H5F_ACC_RDWR);
+  H5::Group g = f.openGroup("/");
+  g.removeAttr("version");
+  h5::write_attr(g, "version", version);
+}
+
+}  // namespace
+
+TEST(HybridCalib, OnlyTheAttentionLayersAreCapturedAndRecorded) {
+  const Files f = make_files();
+  const CalibFile c = read_calib(f.cal, true);
+  const auto& p = c.prov;
+  EXPECT_EQ(c.format_version, 8);
+  EXPECT_EQ(kvq::test::read_root_text_raw(f.cal, "provenance").version, 8);
+  const nlohmann::json cfg = nlohmann::json::parse(slurp(f.model + "/config.json"));
+  const nlohmann::json& tc = cfg.at("text_config");
+  const std::vector<int> full = full_attention_layers(tc);
+  ASSERT_GE(full.size(), 2u);
+  ASSERT_LT(full.size(), size_t(tc.at("num_hidden_layers").get<int>()));
+  EXPECT_EQ(p.decoder_layers, full);
+  EXPECT_EQ(p.n_decoder_layers, tc.at("num_hidden_layers").get<int>());
+  EXPECT_EQ(p.n_layers, int(full.size()));
+  EXPECT_EQ(p.n_kv_heads, tc.at("num_key_value_heads").get<int>());
+  EXPECT_EQ(p.head_dim, tc.at("head_dim").get<int>());
+  for (size_t l = 0; l < full.size(); ++l) EXPECT_EQ(p.decoder_index(int(l)), full[l]);
+  // Every per-layer payload holds the KV layers and no other.
+  const auto sh = c.shape();
+  EXPECT_EQ(sh.n_layers, int(full.size()));
+  const size_t L = full.size(), Hk = size_t(p.n_kv_heads), d = size_t(p.head_dim);
+  EXPECT_EQ(c.holdout.k.size(), L * size_t(c.holdout.windows) * kSeqLen * Hk * d);
+  EXPECT_EQ(c.reservoir.k.size(), size_t(c.reservoir.size()) * L * Hk * d);
+  std::printf("KV layers %s of %d decoder layers; calibration version %lld\n",
+              nlohmann::json(p.decoder_layers).dump().c_str(), p.n_decoder_layers, (long long)c.format_version);
+
+  // The allocation carries the map (version 8) and allocates the KV layers' heads only.
+  const AllocFile a = read_alloc(f.alloc);
+  EXPECT_EQ(a.calib.decoder_layers, full);
+  EXPECT_EQ(a.calib.n_decoder_layers, p.n_decoder_layers);
+  EXPECT_EQ(alloc_version_for(a), 8);
+  for (const HeadDecision& h : a.heads) EXPECT_LT(h.layer, int(L));
+  EXPECT_EQ(a.heads.size(), 2 * L * Hk);
+
+  // kvq-inspect names the decoder layers.
+  const std::string txt = temp_path("hybrid_calib_inspect.txt");
+  const auto r = run_cmd(bin("kvq-inspect") + " " + f.cal + " > " + txt);
+  ASSERT_EQ(r.status, 0) << r.err;
+  const std::string out = slurp(txt);
+  const size_t at = out.find("\n  hybrid ");
+  ASSERT_NE(at, std::string::npos) << out;
+  const std::string line = out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+  std::string want = "decoder layer";
+  for (int l : full) want += " " + std::to_string(l);
+  EXPECT_NE(line.find(want), std::string::npos) << line;
+  std::printf("kvq-inspect: %s\n", line.c_str());
+}
+
+TEST(HybridCalib, BadDecoderLayersAreRefusedInOneLine) {
+  const Files f = make_files();
+  const CalibFile good = read_calib(f.cal, true);
+  ASSERT_TRUE(good.prov.hybrid());
+  const int L = good.prov.n_layers;
+  const struct {
+    const char* name;
+    std::function<void(CalibProvenance&)> edit;
+    const char* field;
+    const char* what;
+  } cases[] = {
+      {"short", [](CalibProvenance& p) { p.decoder_layers.pop_back(); }, "provenance.decoder_layers", "entries for n_layers"},
+      {"long", [](CalibProvenance& p) { p.decoder_layers.push_back(p.n_decoder_layers - 1); }, "provenance.decoder_layers",
+       "entries for n_layers"},
+      {"past_the_decoder", [](CalibProvenance& p) { p.decoder_layers.back() = p.n_decoder_layers; },
+       "provenance.decoder_layers[", "is not an ascending decoder layer"},
+      {"negative", [](CalibProvenance& p) { p.decoder_layers[0] = -1; }, "provenance.decoder_layers[0]",
+       "is not an ascending decoder layer"},
+      {"not_ascending", [](CalibProvenance& p) { std::swap(p.decoder_layers[0], p.decoder_layers[1]); },
+       "provenance.decoder_layers[1]", "is not an ascending decoder layer"},
+      {"decoder_count", [L](CalibProvenance& p) { p.n_decoder_layers = L - 1; }, "provenance.n_decoder_layers",
+       "is not between n_layers"},
+  };
+  for (const auto& cs : cases) {
+    SCOPED_TRACE(cs.name);
+    CalibFile c = good;
+    cs.edit(c.prov);
+    const std::string path = temp_path(std::string("hybrid_calib_bad_") + cs.name + ".kvqcal.h5");
+    write_calib(path, c);
+    const std::string err = calib_error(path);
+    EXPECT_NE(err.find(cs.field), std::string::npos) << err;
+    EXPECT_NE(err.find(cs.what), std::string::npos) << err;
+    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+    const auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + path + " --method uniform --bpd 4 --out " +
+                           temp_path("hybrid_calib_bad.kvqalloc.h5"));
+    EXPECT_EQ(r.status, 2) << r.err;
+    EXPECT_NE(r.err.find(cs.field), std::string::npos) << r.err;
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+    EXPECT_FALSE(fs::exists(temp_path("hybrid_calib_bad.kvqalloc.h5")));
+    std::printf("%s: %s", cs.name, r.err.c_str());
+  }
+  // The keys in a file of version 7.
+  const std::string v7 = temp_path("hybrid_calib_v7.kvqcal.h5");
+  write_calib(v7, good);
+  set_root_version(v7, 7);
+  const std::string err = calib_error(v7);
+  EXPECT_NE(err.find("provenance.decoder_layers"), std::string::npos) << err;
+  EXPECT_NE(err.find("version >= 8"), std::string::npos) << err;
+  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
+  set_root_version(v7, 8);  // control: the same file at its own version reads
+  EXPECT_EQ(calib_error(v7), "");
+
+  // The allocation file: a map of another length, and the keys in a version-7 file.
+  AllocFile a = read_alloc(f.alloc);
+  a.calib.decoder_layers.pop_back();
+  const std::string bad = temp_path("hybrid_calib_bad_map.kvqalloc.h5");
+  write_alloc(bad, a);
+  const std::string aerr = alloc_error(bad);
+  EXPECT_NE(aerr.find("manifest.calibration.decoder_layers"), std::string::npos) << aerr;
+  EXPECT_EQ(aerr.find('\n'), std::string::npos) << aerr;
+  std::printf("allocation, short map: %s\n", aerr.c_str());
+}
