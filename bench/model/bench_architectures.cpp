@@ -8,7 +8,9 @@
 // latent KV row per token; layer 0 dense, then 8 experts top-2 of width 256 plus one shared expert
 // of width 256; YaRN factor 40), DeepSeek-V3 (the same with q-LoRA 128 and the noaux_tc router;
 // also streamed, BF16 and FP8 blocks: the cost of converting each layer, and each routed expert,
-// per forward) and GLM-4.5 (glm4_moe), with and without a capture observer.
+// per forward) and GLM-4.5 (glm4_moe), gpt-oss, Gemma 3 and Qwen3.5 (dense and MoE: three Gated
+// DeltaNet layers, then one gated-attention layer with the only KV cache), with and without a capture
+// observer.
 #include <benchmark/benchmark.h>
 
 #include <ATen/Parallel.h>
@@ -55,6 +57,20 @@ hf::Spec spec(const std::string& family) {
     s.sliding_window = 64;
     s.max_pos = 131072;
     s.gate_up_scale = 0.05;
+  }
+  if (family == "qwen3_5" || family == "qwen3_5_moe") {  // layers 0-2 Gated DeltaNet, 3 gated attention
+    s.partial_rotary_factor = 0.25;
+    s.lin_k_heads = 2;
+    s.lin_v_heads = 4;
+    s.lin_k_dim = 64;
+    s.lin_v_dim = 64;
+    s.lin_qk_overlap = 0.8;
+    if (family == "qwen3_5_moe") {  // 8 experts top-2 of width 256 and a shared expert of 256
+      s.experts = 8;
+      s.top_k = 2;
+      s.moe_inter = 256;
+      s.shared_inter = 256;
+    }
   }
   if (family == "glm4_moe") {  // head_dim 64, half rotating split-half, q/k norm, the noaux router
     s.experts = 8;
@@ -166,6 +182,8 @@ void BM_Glm4Moe(benchmark::State& s) { run(s, "glm4_moe"); }
 void BM_GptOss(benchmark::State& s) { run(s, "gpt_oss"); }
 void BM_Gemma3(benchmark::State& s) { run(s, "gemma3_text"); }
 void BM_GptOssStream(benchmark::State& s) { run(s, "gpt_oss:stream"); }
+void BM_Qwen3_5(benchmark::State& s) { run(s, "qwen3_5"); }
+void BM_Qwen3_5Moe(benchmark::State& s) { run(s, "qwen3_5_moe"); }
 BENCHMARK(BM_Llama)->Apply(args);
 BENCHMARK(BM_Qwen3)->Apply(args);
 BENCHMARK(BM_Qwen3Moe)->Apply(args);
@@ -181,6 +199,8 @@ BENCHMARK(BM_Glm4Moe)->Apply(args);
 BENCHMARK(BM_GptOss)->Apply(args);
 BENCHMARK(BM_Gemma3)->Apply(args);
 BENCHMARK(BM_GptOssStream)->Apply(args);
+BENCHMARK(BM_Qwen3_5)->Apply(args);
+BENCHMARK(BM_Qwen3_5Moe)->Apply(args);
 
 }  // namespace
 

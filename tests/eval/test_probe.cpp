@@ -17,6 +17,7 @@
 #include "kvq/eval/probe.hpp"
 #include "kvq/tokenizer/tokenizer.hpp"
 #include "kvq/util/atomic_file.hpp"
+#include "kvq/util/error.hpp"
 
 using namespace kvq;
 
@@ -231,6 +232,18 @@ TEST(Probe, HybridDecoderProbesItsKvLayers) {
     expect_rel(r.dnll_at(0, l), t.dnll, "hybrid layer " + std::to_string(l) + " dnll");
     std::printf("hybrid KV layer %d (decoder %d): KL %.6g (brute force %.6g)\n", l, m.config().decoder_index(l),
                 r.kl_at(0, l), t.kl);
+  }
+  // A window past position 0 would need the DeltaNet state of the tokens before it: refused in one line.
+  Model::ForwardOptions shifted;
+  shifted.pos0 = 3;
+  try {
+    m.forward(at::tensor(windows[0], at::kLong), shifted);
+    ADD_FAILURE() << "pos0 > 0 accepted on a hybrid decoder";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("pos0"), std::string::npos) << what;
+    EXPECT_NE(what.find("Gated DeltaNet"), std::string::npos) << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
   }
   std::filesystem::remove_all(dir);
 }

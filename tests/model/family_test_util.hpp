@@ -1,7 +1,10 @@
 #pragma once
 // What the model-family tests share around a tiny checkpoint's forward: seeded prompts, kvq's logits
-// of one prompt as doubles (hf_reference.hpp's layout, [T][V]) and the greedy ids of each row.
+// of one prompt as doubles (hf_reference.hpp's layout, [T][V]) and the greedy ids of each row, the
+// checkpoint of an hf::Spec with its reference model, the negative controls' measure, and a fixture
+// that writes a checkpoint, loads it in kvq and compares kvq's forward with the reference's.
 #include <ATen/ATen.h>
+#include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -9,7 +12,9 @@
 #include <vector>
 
 #include "hf_reference.hpp"
+#include "hf_tiny.hpp"
 #include "kvq/model/model.hpp"
+#include "model_test_util.hpp"
 
 namespace kvq::test {
 
@@ -39,5 +44,73 @@ inline std::vector<int64_t> argmax_rows(const ref::Vec& logits, int V) {
   }
   return out;
 }
+
+// A prompt as the BOS-first families see it: `bos`, then seeded ids uniform over the vocabulary
+// (never `bos` again), T in all.
+inline std::vector<int> bos_prompt(int T, int vocab, uint32_t seed, int bos) {
+  std::mt19937 rng(seed);
+  std::vector<int> ids{bos};
+  while (int(ids.size()) < T) {
+    const int x = int(rng() % uint32_t(vocab));
+    if (x != bos) ids.push_back(x);
+  }
+  return ids;
+}
+
+// A tiny checkpoint: its spec, its tensors as hf_tiny.hpp writes them, and the reference model read
+// from those tensors.
+struct Checkpoint {
+  hf::Spec s;
+  hf::TensorMap w;
+  ref::Model m;
+};
+
+inline Checkpoint make_checkpoint(const hf::Spec& s) {
+  Checkpoint ck{s, hf::make_weights(s), {}};
+  ck.m = ref::from_hf(s, ck.w);
+  return ck;
+}
+
+// A negative control's measure: how far the reference's logits move (relative max diff) with a
+// feature switched off (`off`), or with `other` weights / a changed model, from `m`'s plain forward.
+inline double control(const ref::Model& m, const std::vector<int>& ids, const ref::Options& off) {
+  return ref::rel_max_diff(ref::forward(m, ids, off), ref::forward(m, ids));
+}
+inline double control(const ref::Model& m, const std::vector<int>& ids, const ref::Model& other) {
+  return ref::rel_max_diff(ref::forward(other, ids), ref::forward(m, ids));
+}
+inline double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Options& off) {
+  return control(ck.m, ids, off);
+}
+inline double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Model& other) {
+  return control(ck.m, ids, other);
+}
+
+// kvq's forward of `ids` against the reference's: EXPECTs the greedy ids of every row equal and
+// returns the relative max diff of the logits (to be held under the family's tolerance).
+inline double compare_to_reference(const Model& model, const ref::Model& m, const std::vector<int>& ids,
+                                   int vocab) {
+  const ref::Vec want = ref::forward(m, ids), got = kvq_logits(model, ids);
+  EXPECT_EQ(argmax_rows(got, vocab), argmax_rows(want, vocab));
+  return ref::rel_max_diff(got, want);
+}
+
+// The checkpoint of `s` written to a temporary directory (hf::make_config, three shards) and loaded
+// in kvq (streamed or not, at precision p).
+struct Fixture {
+  Checkpoint ck;
+  TempDir dir;
+  Model model;
+  Fixture(const hf::Spec& s, bool stream = false, Precision p = Precision::kFp32)
+      : ck(make_checkpoint(s)), model(load(stream, p)) {}
+  Model load(bool stream, Precision p) {
+    hf::write_model(dir.str(), hf::make_config(ck.s), ck.w, 3);
+    Model::LoadOptions lo;
+    lo.stream = stream;
+    lo.precision = p;
+    return Model::load(dir.str(), lo);
+  }
+  double compare(const std::vector<int>& ids) const { return compare_to_reference(model, ck.m, ids, ck.s.vocab); }
+};
 
 }  // namespace kvq::test

@@ -39,7 +39,11 @@ namespace {
 namespace hf = test::hf;
 namespace ref = test::ref;
 using test::argmax_rows;
+using test::Checkpoint;
+using test::control;
+using test::Fixture;
 using test::kvq_logits;
+using test::make_checkpoint;
 using nlohmann::json;
 
 constexpr double kTol = 1e-4;
@@ -80,57 +84,11 @@ hf::Spec spec(uint32_t seed, const std::string& family = "gemma3_text") {
   return s;
 }
 
-struct Checkpoint {
-  hf::Spec s;
-  hf::TensorMap w;
-  ref::Model m;
-};
-
-Checkpoint make(const hf::Spec& s) {
-  Checkpoint ck{s, hf::make_weights(s), {}};
-  ck.m = ref::from_hf(s, ck.w);
-  return ck;
-}
-
 // A prompt as Gemma sees it: BOS, then seeded ids (never BOS again).
-std::vector<int> prompt(int T, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int> ids{kBos};
-  while (int(ids.size()) < T) {
-    const int x = int(rng() % uint32_t(vocab));
-    if (x != kBos) ids.push_back(x);
-  }
-  return ids;
-}
-
-double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Options& off) {
-  return ref::rel_max_diff(ref::forward(ck.m, ids, off), ref::forward(ck.m, ids));
-}
-double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Model& other) {
-  return ref::rel_max_diff(ref::forward(other, ids), ref::forward(ck.m, ids));
-}
+std::vector<int> prompt(int T, int vocab, uint32_t seed) { return test::bos_prompt(T, vocab, seed, kBos); }
 
 // The text fields of a config: text_config for gemma3, the top level for gemma3_text.
 json& text_fields(json& cfg) { return cfg.contains("text_config") ? cfg["text_config"] : cfg; }
-
-struct Fixture {
-  Checkpoint ck;
-  test::TempDir dir;
-  Model model;
-  Fixture(const hf::Spec& s, bool stream = false, Precision p = Precision::kFp32) : ck(make(s)), model(load(stream, p)) {}
-  Model load(bool stream, Precision p) {
-    hf::write_model(dir.str(), hf::make_config(ck.s), ck.w, 3);
-    Model::LoadOptions lo;
-    lo.stream = stream;
-    lo.precision = p;
-    return Model::load(dir.str(), lo);
-  }
-  double compare(const std::vector<int>& ids) const {
-    const ref::Vec want = ref::forward(ck.m, ids), got = kvq_logits(model, ids);
-    EXPECT_EQ(argmax_rows(got, ck.s.vocab), argmax_rows(want, ck.s.vocab));
-    return ref::rel_max_diff(got, want);
-  }
-};
 
 // ---------------------------------------------------------------- the test side's own checks
 // (independent of kvq: they hold before kvq opens gemma3)
@@ -142,7 +100,7 @@ TEST(Gemma3Reference, EmbedScaleIsRoundedToBf16) {
   EXPECT_EQ(hf::bf16_round(std::sqrt(1152.0)), 34.0);  // 1B: 33.94
   EXPECT_EQ(hf::bf16_round(std::sqrt(640.0)), 25.25);  // 270M: 25.30
   EXPECT_EQ(hf::bf16_round(std::sqrt(5376.0)), 73.5);  // 27B: 73.32
-  const ref::Model m = make(spec(1)).m;
+  const ref::Model m = make_checkpoint(spec(1)).m;
   EXPECT_EQ(m.embed_multiplier, 10.5625);
   EXPECT_DOUBLE_EQ(m.embed_multiplier_exact, std::sqrt(112.0));
   // The reference applies it: the first layer's input is E[tok] · 10.5625 (trace of q pre-RoPE is
@@ -272,23 +230,23 @@ TEST(Gemma3Reference, PerLayerRopeAndWindow) {
   {  // every layer sliding: the linear factor changes nothing
     hf::Spec s = spec(2);
     s.layer_types.assign(kLayers, "sliding_attention");
-    const Checkpoint a = make(s);
+    const Checkpoint a = make_checkpoint(s);
     s.rope_linear_factor = 8.0;
-    const Checkpoint b = make(s);
+    const Checkpoint b = make_checkpoint(s);
     EXPECT_EQ(ref::forward(a.m, ids), ref::forward(b.m, ids));
     s.rope_local_theta = 5e4;  // but the local base does
-    EXPECT_GT(control(a, ids, make(s).m), kControl);
+    EXPECT_GT(control(a, ids, make_checkpoint(s).m), kControl);
   }
   {  // every layer full: rope_local_base_freq changes nothing, the factor does
     hf::Spec s = spec(2);
     s.layer_types.assign(kLayers, "full_attention");
-    const Checkpoint a = make(s);
+    const Checkpoint a = make_checkpoint(s);
     s.rope_local_theta = 5e4;
-    EXPECT_EQ(ref::forward(a.m, ids), ref::forward(make(s).m, ids));
+    EXPECT_EQ(ref::forward(a.m, ids), ref::forward(make_checkpoint(s).m, ids));
     s.rope_linear_factor = 8.0;
-    EXPECT_GT(control(a, ids, make(s).m), kControl);
+    EXPECT_GT(control(a, ids, make_checkpoint(s).m), kControl);
   }
-  const Checkpoint ck = make(spec(2));
+  const Checkpoint ck = make_checkpoint(spec(2));
   ref::Options off;
   off.ignore_window = true;
   const std::vector<int> w(ids.begin(), ids.begin() + kWindow), w1(ids.begin(), ids.begin() + kWindow + 1);
@@ -337,7 +295,7 @@ TEST(Gemma3Reference, EveryFeatureMatters) {
   for (uint32_t seed : {1u, 2u}) {
     hf::Spec s = spec(seed);
     s.rope_linear_factor = 8.0;
-    const Checkpoint ck = make(s);
+    const Checkpoint ck = make_checkpoint(s);
     const auto ids = prompt(kPrompt, s.vocab, 100 + seed);
     auto off = [&](void (*set)(ref::Options&)) {
       ref::Options o;

@@ -169,17 +169,9 @@ struct Fixture {
     lo.precision = p;
     return Model::load(dir.str(), lo);
   }
-  double compare(const std::vector<int>& ids) const {
-    const ref::Vec want = ref::forward(ck.m, ids), got = kvq_logits(model, ids);
-    EXPECT_EQ(argmax_rows(got, s.V), argmax_rows(want, s.V));
-    return ref::rel_max_diff(got, want);
-  }
-  double control(const std::vector<int>& ids, const ref::Options& off) const {
-    return ref::rel_max_diff(ref::forward(ck.m, ids, off), ref::forward(ck.m, ids));
-  }
-  double control(const std::vector<int>& ids, const ref::Model& other) const {
-    return ref::rel_max_diff(ref::forward(other, ids), ref::forward(ck.m, ids));
-  }
+  double compare(const std::vector<int>& ids) const { return test::compare_to_reference(model, ck.m, ids, s.V); }
+  double control(const std::vector<int>& ids, const ref::Options& off) const { return test::control(ck.m, ids, off); }
+  double control(const std::vector<int>& ids, const ref::Model& other) const { return test::control(ck.m, ids, other); }
 };
 
 TEST(Glm4Moe, ConfigFields) {

@@ -31,7 +31,11 @@ namespace {
 namespace hf = test::hf;
 namespace ref = test::ref;
 using test::argmax_rows;
+using test::Checkpoint;
+using test::control;
+using test::Fixture;
 using test::kvq_logits;
+using test::make_checkpoint;
 using test::seeded_ids;
 using nlohmann::json;
 
@@ -75,44 +79,6 @@ hf::Spec spec(uint32_t seed) {
   s.sink_scale = 1.5;
   return s;
 }
-
-struct Checkpoint {
-  hf::Spec s;
-  hf::TensorMap w;
-  ref::Model m;
-};
-
-Checkpoint make(const hf::Spec& s) {
-  Checkpoint ck{s, hf::make_weights(s), {}};
-  ck.m = ref::from_hf(s, ck.w);
-  return ck;
-}
-
-double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Options& off) {
-  return ref::rel_max_diff(ref::forward(ck.m, ids, off), ref::forward(ck.m, ids));
-}
-double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Model& other) {
-  return ref::rel_max_diff(ref::forward(other, ids), ref::forward(ck.m, ids));
-}
-
-struct Fixture {
-  Checkpoint ck;
-  test::TempDir dir;
-  Model model;
-  Fixture(const hf::Spec& s, bool stream = false, Precision p = Precision::kFp32) : ck(make(s)), model(load(stream, p)) {}
-  Model load(bool stream, Precision p) {
-    hf::write_model(dir.str(), hf::make_config(ck.s), ck.w, 3);
-    Model::LoadOptions lo;
-    lo.stream = stream;
-    lo.precision = p;
-    return Model::load(dir.str(), lo);
-  }
-  double compare(const std::vector<int>& ids) const {
-    const ref::Vec want = ref::forward(ck.m, ids), got = kvq_logits(model, ids);
-    EXPECT_EQ(argmax_rows(got, ck.s.vocab), argmax_rows(want, ck.s.vocab));
-    return ref::rel_max_diff(got, want);
-  }
-};
 
 // ---------------------------------------------------------------- the test side's own checks
 // (independent of kvq: they hold before kvq opens gpt_oss)
@@ -229,7 +195,7 @@ TEST(GptOssReference, YarnMatchesTheDocNumbers) {
 // comparison with kvq below can see each one missing.
 TEST(GptOssReference, EveryFeatureMatters) {
   for (uint32_t seed : {1u, 2u}) {
-    const Checkpoint ck = make(spec(seed));
+    const Checkpoint ck = make_checkpoint(spec(seed));
     const auto ids = seeded_ids(kPrompt, ck.s.vocab, 100 + seed);
     auto off = [&](void (*set)(ref::Options&)) {
       ref::Options o;
@@ -391,7 +357,7 @@ hf::TensorMap dequantized(const hf::Spec& s, const hf::TensorMap& w, bool transp
 
 TEST(GptOss, DequantizedCheckpointGivesTheSameLogits) {
   const hf::Spec s = spec(3);
-  const Checkpoint ck = make(s);
+  const Checkpoint ck = make_checkpoint(s);
   nlohmann::json cfg = hf::make_config(s);
   cfg.erase("quantization_config");
   const auto ids = seeded_ids(kPrompt, s.vocab, 31);

@@ -48,7 +48,11 @@ namespace {
 namespace hf = test::hf;
 namespace ref = test::ref;
 using test::argmax_rows;
+using test::Checkpoint;
+using test::control;
+using test::Fixture;
 using test::kvq_logits;
+using test::make_checkpoint;
 using nlohmann::json;
 
 constexpr double kTol = 1e-4;
@@ -103,56 +107,10 @@ hf::Spec spec(uint32_t seed, const std::string& family = "qwen3_5") {
   return s;
 }
 
-struct Checkpoint {
-  hf::Spec s;
-  hf::TensorMap w;
-  ref::Model m;
-};
-
-Checkpoint make(const hf::Spec& s) {
-  Checkpoint ck{s, hf::make_weights(s), {}};
-  ck.m = ref::from_hf(s, ck.w);
-  return ck;
-}
-
 // BOS, then seeded ids (never BOS again).
-std::vector<int> prompt(int T, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int> ids{kBos};
-  while (int(ids.size()) < T) {
-    const int x = int(rng() % uint32_t(vocab));
-    if (x != kBos) ids.push_back(x);
-  }
-  return ids;
-}
-
-double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Options& off) {
-  return ref::rel_max_diff(ref::forward(ck.m, ids, off), ref::forward(ck.m, ids));
-}
-double control(const Checkpoint& ck, const std::vector<int>& ids, const ref::Model& other) {
-  return ref::rel_max_diff(ref::forward(other, ids), ref::forward(ck.m, ids));
-}
+std::vector<int> prompt(int T, int vocab, uint32_t seed) { return test::bos_prompt(T, vocab, seed, kBos); }
 
 using Shape = std::vector<int64_t>;
-
-struct Fixture {
-  Checkpoint ck;
-  test::TempDir dir;
-  Model model;
-  Fixture(const hf::Spec& s, bool stream = false, Precision p = Precision::kFp32) : ck(make(s)), model(load(stream, p)) {}
-  Model load(bool stream, Precision p) {
-    hf::write_model(dir.str(), hf::make_config(ck.s), ck.w, 3);
-    Model::LoadOptions lo;
-    lo.stream = stream;
-    lo.precision = p;
-    return Model::load(dir.str(), lo);
-  }
-  double compare(const std::vector<int>& ids) const {
-    const ref::Vec want = ref::forward(ck.m, ids), got = kvq_logits(model, ids);
-    EXPECT_EQ(argmax_rows(got, ck.s.vocab), argmax_rows(want, ck.s.vocab));
-    return ref::rel_max_diff(got, want);
-  }
-};
 
 // ---------------------------------------------------------------- the test side's own checks
 // (independent of kvq: they hold before kvq opens qwen3_5)
@@ -337,10 +295,10 @@ TEST(Qwen3_5Reference, DefaultLayerTypesRule) {
   std::vector<std::string> types;
   for (int l = 0; l < kLayers; ++l) types.push_back(s.layer_type(l));
   EXPECT_EQ(json(types), hf::make_config(spec(1))["text_config"]["layer_types"]);
-  EXPECT_EQ(make(s).m.attn_layers(), (std::vector<int>{3, 7}));
+  EXPECT_EQ(make_checkpoint(s).m.attn_layers(), (std::vector<int>{3, 7}));
   s.full_attention_interval = 3;
   EXPECT_EQ(hf::make_config(s)["text_config"]["full_attention_interval"], 3);
-  EXPECT_EQ(make(s).m.attn_layers(), (std::vector<int>{2, 5}));
+  EXPECT_EQ(make_checkpoint(s).m.attn_layers(), (std::vector<int>{2, 5}));
   const hf::TensorMap w = hf::make_weights(s);
   EXPECT_EQ(w.count(kPre + "layers.5.self_attn.o_proj.weight"), 1u);
   EXPECT_EQ(w.count(kPre + "layers.3.linear_attn.out_proj.weight"), 1u);
@@ -349,7 +307,7 @@ TEST(Qwen3_5Reference, DefaultLayerTypesRule) {
   s.write_layer_types = true;
   s.layer_types = {"full_attention",   "linear_attention", "linear_attention", "full_attention",
                    "linear_attention", "linear_attention", "linear_attention", "full_attention"};
-  EXPECT_EQ(make(s).m.attn_layers(), (std::vector<int>{0, 3, 7}));
+  EXPECT_EQ(make_checkpoint(s).m.attn_layers(), (std::vector<int>{0, 3, 7}));
   EXPECT_EQ(hf::make_config(s)["text_config"]["layer_types"][0], "full_attention");
 }
 
@@ -443,7 +401,7 @@ TEST(Qwen3_5Reference, DeltaNetStepByHand) {
 // conv, the recurrence and the attention read no later token).
 TEST(Qwen3_5Reference, IsCausal) {
   for (const std::string family : {"qwen3_5", "qwen3_5_moe"}) {
-    const Checkpoint ck = make(spec(3, family));
+    const Checkpoint ck = make_checkpoint(spec(3, family));
     const auto ids = prompt(kPrompt, ck.s.vocab, 9);
     const ref::Vec all = ref::forward(ck.m, ids);
     for (int t : {1, 2, 7, 13}) {
@@ -458,7 +416,7 @@ TEST(Qwen3_5Reference, IsCausal) {
 TEST(Qwen3_5Reference, EveryFeatureMatters) {
   for (const std::string family : {"qwen3_5", "qwen3_5_moe"})
     for (uint32_t seed : {1u, 2u}) {
-      const Checkpoint ck = make(spec(seed, family));
+      const Checkpoint ck = make_checkpoint(spec(seed, family));
       const auto ids = prompt(kPrompt, ck.s.vocab, 100 + seed);
       struct Row {
         const char* what;
@@ -685,6 +643,29 @@ TEST(Qwen3_5, RopeFormsGiveTheSameLogits) {
     EXPECT_GT(dh, kControl);
     EXPECT_GT(dt, kControl);
   }
+}
+
+// Qwen3.5-0.8B ties its embeddings and says so at the multimodal config's top level: a text_config
+// without the key takes the top level's; one with the key keeps its own (here false: lm_head is absent,
+// so the load must fail naming it).
+TEST(Qwen3_5, TieWordEmbeddingsFromTheTopLevel) {
+  hf::Spec s = spec(6);
+  s.tied = true;
+  const hf::TensorMap w = hf::make_weights(s);
+  ASSERT_EQ(w.count("lm_head.weight"), 0u);
+  json cfg = hf::make_config(s);
+  cfg["text_config"].erase("tie_word_embeddings");
+  cfg["tie_word_embeddings"] = true;
+  const auto ids = prompt(kPrompt, s.vocab, 61);
+  {
+    test::TempDir dir;
+    hf::write_model(dir.str(), cfg, w, 2);
+    EXPECT_LT(ref::rel_max_diff(kvq_logits(Model::load(dir.str()), ids), ref::forward(ref::from_hf(s, w), ids)), kTol);
+  }
+  cfg["text_config"]["tie_word_embeddings"] = false;
+  test::TempDir dir;
+  hf::write_model(dir.str(), cfg, w, 2);
+  test::expect_error([&] { Model::load(dir.str()); }, {"lm_head.weight"});
 }
 
 // kvq's captures name its KV layers: the observer sees n_layers layers, layer l being decoder layer

@@ -26,48 +26,22 @@
 #include "kvq/util/error.hpp"
 #include "h5_root.hpp"
 #include "run_cmd.hpp"
+#include "tiny_family_files.hpp"
 
 namespace fs = std::filesystem;
 using namespace kvq;
 using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
+using kvq::test::slurp;
+using kvq::test::set_root_version;
 
 namespace {
 
 constexpr int kSeqLen = 32;
 
-struct Files {
-  std::string model, cal, alloc;
-};
+test::TinyFiles make_files() { return test::make_tiny_files("hybrid_calib", "qwen3_5_moe", kSeqLen, "block-gtq", 2); }
 
-Files make_files() {
-  const std::string dir = temp_path("hybrid_calib");
-  Files f{dir + "/m", dir + "/c.kvqcal.h5", dir + "/a.kvqalloc.h5"};
-  if (fs::exists(f.alloc)) return f;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  auto r = run_cmd(std::string(KVQ_MAKE_TINY_HF) + " --family qwen3_5_moe --seed 1 --out " + f.model);
-  EXPECT_EQ(r.status, 0) << r.err;
-  {
-    std::mt19937 rng(1);
-    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "from"};
-    std::ofstream c(dir + "/c.txt");
-    for (int i = 0; i < 4000; ++i) c << words[rng() % 12] << (i % 17 == 16 ? ".\n" : " ");
-  }
-  r = run_cmd(bin("calib-capture") + " -q --threads 1 --precision fp32 --model " + f.model + " --corpus " + dir +
-              "/c.txt --samples 4 --seq-len " + std::to_string(kSeqLen) + " --holdout 2 --reservoir-tokens 64 --out " +
-              f.cal);
-  EXPECT_EQ(r.status, 0) << r.err;
-  r = run_cmd(bin("kvq-allocate") + " -q --calib " + f.cal + " --method block-gtq --bpd 2 --out " + f.alloc);
-  EXPECT_EQ(r.status, 0) << r.err;
-  return f;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // The full-attention layers as transformers' Qwen3_5TextConfig reads them: layer_types, else
 // "full_attention" where (i + 1) % full_attention_interval == 0 (interval 4 by default).
@@ -100,18 +74,11 @@ std::string alloc_error(const std::string& path) {
   return "";
 }
 
-void set_root_version(const std::string& path, int64_t version) {
-  h5::quiet();
-  H5::H5File f(path, H5F_ACC_RDWR);
-  H5::Group g = f.openGroup("/");
-  g.removeAttr("version");
-  h5::write_attr(g, "version", version);
-}
 
 }  // namespace
 
 TEST(HybridCalib, OnlyTheAttentionLayersAreCapturedAndRecorded) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile c = read_calib(f.cal, true);
   const auto& p = c.prov;
   EXPECT_EQ(c.format_version, 8);
@@ -159,7 +126,7 @@ TEST(HybridCalib, OnlyTheAttentionLayersAreCapturedAndRecorded) {
 }
 
 TEST(HybridCalib, BadDecoderLayersAreRefusedInOneLine) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile good = read_calib(f.cal, true);
   ASSERT_TRUE(good.prov.hybrid());
   const int L = good.prov.n_layers;

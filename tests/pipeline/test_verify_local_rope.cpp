@@ -33,6 +33,7 @@
 #include "kvq/util/error.hpp"
 #include "h5_root.hpp"
 #include "run_cmd.hpp"
+#include "tiny_family_files.hpp"
 #include "verify_brute.hpp"
 
 namespace fs = std::filesystem;
@@ -40,6 +41,8 @@ using namespace kvq;
 using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
+using kvq::test::slurp;
+using kvq::test::set_root_version;
 using kvq::test::expect_same;
 using kvq::test::verify_cpu;
 
@@ -51,38 +54,8 @@ namespace {
 constexpr int kLayers = 7;
 constexpr int kSeqLen = 48;  // > the window, so the sliding layers' queries lose keys to it
 
-struct Files {
-  std::string model, cal, alloc;
-};
+test::TinyFiles make_files() { return test::make_tiny_files("verify_local_rope", "gemma3", kSeqLen, "block-gtq", 2); }
 
-Files make_files() {
-  const std::string dir = temp_path("verify_local_rope");
-  Files f{dir + "/m", dir + "/c.kvqcal.h5", dir + "/a.kvqalloc.h5"};
-  if (fs::exists(f.alloc)) return f;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  auto r = run_cmd(std::string(KVQ_MAKE_TINY_HF) + " --family gemma3 --seed 1 --out " + f.model);
-  EXPECT_EQ(r.status, 0) << r.err;
-  {
-    std::mt19937 rng(1);
-    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "from"};
-    std::ofstream c(dir + "/c.txt");
-    for (int i = 0; i < 6000; ++i) c << words[rng() % 12] << (i % 17 == 16 ? ".\n" : " ");
-  }
-  r = run_cmd(bin("calib-capture") + " -q --threads 1 --precision fp32 --model " + f.model + " --corpus " + dir +
-              "/c.txt --samples 4 --seq-len " + std::to_string(kSeqLen) +
-              " --holdout 2 --reservoir-tokens 64 --out " + f.cal);
-  EXPECT_EQ(r.status, 0) << r.err;
-  // Block-GTQ codes K post-RoPE: the coding error, and so every metric, depends on the rotation.
-  r = run_cmd(bin("kvq-allocate") + " -q --calib " + f.cal + " --method block-gtq --bpd 2 --out " + f.alloc);
-  EXPECT_EQ(r.status, 0) << r.err;
-  return f;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // The checkpoint's text config (text_config for the multimodal wrapper).
 nlohmann::json text_config(const std::string& model) {
@@ -145,18 +118,11 @@ std::string read_error(const std::string& path) {
   return "";
 }
 
-void set_root_version(const std::string& path, int64_t version) {
-  h5::quiet();
-  H5::H5File f(path, H5F_ACC_RDWR);
-  H5::Group g = f.openGroup("/");
-  g.removeAttr("version");
-  h5::write_attr(g, "version", version);
-}
 
 }  // namespace
 
 TEST(VerifyLocalRope, CaptureRecordsTheLocalRope) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile c = read_calib(f.cal, false);
   const auto& p = c.prov;
   EXPECT_EQ(c.format_version, 7);
@@ -213,7 +179,7 @@ TEST(VerifyLocalRope, CaptureRecordsTheLocalRope) {
 }
 
 TEST(VerifyLocalRope, MetricsUseTheLayersOwnRope) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile c = read_calib(f.cal, true);
   const AllocFile a = read_alloc(f.alloc);
   const auto& p = c.prov;
@@ -262,7 +228,7 @@ TEST(VerifyLocalRope, MetricsUseTheLayersOwnRope) {
 }
 
 TEST(VerifyLocalRope, BadLocalRopeIsRefusedInOneLine) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile good = read_calib(f.cal, true);
   ASSERT_TRUE(good.prov.has_local_rope());
   const struct {
@@ -327,7 +293,7 @@ TEST(VerifyLocalRope, BadLocalRopeIsRefusedInOneLine) {
 }
 
 TEST(VerifyLocalRope, MergeRefusesDifferentLocalRope) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile a = read_calib(f.cal, true);
   ASSERT_TRUE(a.prov.has_local_rope());
   const struct {

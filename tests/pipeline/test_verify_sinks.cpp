@@ -33,6 +33,7 @@
 #include "kvq/util/error.hpp"
 #include "h5_root.hpp"
 #include "run_cmd.hpp"
+#include "tiny_family_files.hpp"
 #include "verify_brute.hpp"
 
 namespace fs = std::filesystem;
@@ -40,6 +41,8 @@ using namespace kvq;
 using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
+using kvq::test::slurp;
+using kvq::test::set_root_version;
 using kvq::test::expect_same;
 using kvq::test::verify_cpu;
 
@@ -51,37 +54,8 @@ constexpr int kLayers = 2, kHeads = 4;
 const std::vector<int> kWindows = {16, 0};
 constexpr int kSeqLen = 48;  // > the window, so the sliding layer's queries lose keys to it
 
-struct Files {
-  std::string model, cal, alloc;
-};
+test::TinyFiles make_files() { return test::make_tiny_files("verify_sinks", "gpt_oss", kSeqLen, "uniform", 2); }
 
-Files make_files() {
-  const std::string dir = temp_path("verify_sinks");
-  Files f{dir + "/m", dir + "/c.kvqcal.h5", dir + "/a.kvqalloc.h5"};
-  if (fs::exists(f.alloc)) return f;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  auto r = run_cmd(std::string(KVQ_MAKE_TINY_HF) + " --family gpt_oss --seed 1 --out " + f.model);
-  EXPECT_EQ(r.status, 0) << r.err;
-  {
-    std::mt19937 rng(1);
-    const char* words[] = {"the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "far", "away", "from"};
-    std::ofstream c(dir + "/c.txt");
-    for (int i = 0; i < 6000; ++i) c << words[rng() % 12] << (i % 17 == 16 ? ".\n" : " ");
-  }
-  r = run_cmd(bin("calib-capture") + " -q --threads 1 --precision fp32 --model " + f.model + " --corpus " + dir +
-              "/c.txt --samples 4 --seq-len " + std::to_string(kSeqLen) +
-              " --holdout 2 --reservoir-tokens 64 --out " + f.cal);
-  EXPECT_EQ(r.status, 0) << r.err;
-  r = run_cmd(bin("kvq-allocate") + " -q --calib " + f.cal + " --method uniform --bpd 2 --out " + f.alloc);
-  EXPECT_EQ(r.status, 0) << r.err;
-  return f;
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 // The checkpoint's model.layers.{l}.self_attn.sinks, from the safetensors files themselves: the
 // index names the shard; a shard is an 8-byte little-endian header length, the JSON header, then
@@ -132,18 +106,11 @@ std::string read_error(const std::string& path) {
   return "";
 }
 
-void set_root_version(const std::string& path, int64_t version) {
-  h5::quiet();
-  H5::H5File f(path, H5F_ACC_RDWR);
-  H5::Group g = f.openGroup("/");
-  g.removeAttr("version");
-  h5::write_attr(g, "version", version);
-}
 
 }  // namespace
 
 TEST(VerifySinks, CaptureRecordsTheCheckpointsSinks) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile c = read_calib(f.cal, false);
   EXPECT_EQ(c.format_version, 6);
   EXPECT_EQ(kvq::test::read_root_text_raw(f.cal, "provenance").version, 6);
@@ -184,7 +151,7 @@ TEST(VerifySinks, CaptureRecordsTheCheckpointsSinks) {
 constexpr double kRaise = 3.0;
 
 TEST(VerifySinks, MetricsPutTheSinkInTheSoftmax) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile captured = read_calib(f.cal, true);
   const AllocFile a = read_alloc(f.alloc);
   ASSERT_TRUE(captured.prov.has_sinks());
@@ -241,7 +208,7 @@ TEST(VerifySinks, MetricsPutTheSinkInTheSoftmax) {
 }
 
 TEST(VerifySinks, BadSinksAreRefusedInOneLine) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile good = read_calib(f.cal, true);
   const struct {
     const char* name;
@@ -297,7 +264,7 @@ TEST(VerifySinks, BadSinksAreRefusedInOneLine) {
 }
 
 TEST(VerifySinks, MergeRefusesDifferentSinks) {
-  const Files f = make_files();
+  const test::TinyFiles f = make_files();
   const CalibFile a = read_calib(f.cal, true);
   CalibFile b = a;
   b.prov.attention_sinks[1][2] += 0.25;

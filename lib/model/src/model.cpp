@@ -169,6 +169,9 @@ at::Tensor Model::forward(const at::Tensor& ids_in, const ForwardOptions& opts) 
   const ModelConfig& c = config_;
   const at::Tensor ids = checked_ids(ids_in, c, path_);
   if (opts.pos0 < 0) throw Error(path_, "pos0", std::to_string(opts.pos0) + " is negative");
+  if (opts.pos0 > 0 && c.hybrid())  // no recurrent state is carried between forwards
+    throw Error(path_, "pos0", std::to_string(opts.pos0) + ": a hybrid decoder's Gated DeltaNet layers start from an "
+                               "empty state, so a window must start at position 0");
   if (opts.protected_kv && (opts.protected_kv->sink < 0 || opts.protected_kv->recent < 0))
     throw Error(path_, opts.protected_kv->sink < 0 ? "sink" : "recent", "must be >= 0");
   const int64_t B = ids.size(0), T = ids.size(1);
@@ -196,6 +199,9 @@ at::Tensor Model::forward_from(int first, const at::Tensor& ids_in, const float*
     throw Error(path_, "first_layer", std::to_string(first) + " is outside 0.." + std::to_string(c.decoder_layers()));
   if (!hidden) throw Error(path_, "hidden", "the residual stream at the first layer's input is null");
   if (opts.pos0 < 0) throw Error(path_, "pos0", std::to_string(opts.pos0) + " is negative");
+  if (opts.pos0 > 0 && c.hybrid())
+    throw Error(path_, "pos0", std::to_string(opts.pos0) + ": a hybrid decoder's Gated DeltaNet layers start from an "
+                               "empty state, so a window must start at position 0");
   if (opts.protected_kv) throw Error(path_, "protected_kv", "not with forward_from");
   const int64_t B = ids.size(0), T = ids.size(1);
   WorkspaceLease lease(*w_, c, B, T);

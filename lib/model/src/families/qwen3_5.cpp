@@ -78,7 +78,12 @@ void parse_text(const json& text, const std::string& path, const std::string& pr
 void parse_config(const ConfigReader& r, bool moe, ModelConfig* c) {
   if (r.has("text_config")) {
     if (!r.raw("text_config").is_object()) throw Error(r.path(), "text_config", "expected an object");
-    parse_text(r.raw("text_config"), r.path(), "text_config.", moe, c);
+    json text = r.raw("text_config");
+    // The multimodal config keeps tie_word_embeddings at its top level (Qwen3.5-0.8B ties): the text
+    // config's own key wins where it is written.
+    if (!text.contains("tie_word_embeddings") && r.has("tie_word_embeddings"))
+      text["tie_word_embeddings"] = r.boolean("tie_word_embeddings", false);
+    parse_text(text, r.path(), "text_config.", moe, c);
   } else {
     parse_text(r.json_object(), r.path(), "", moe, c);
   }
