@@ -140,8 +140,8 @@ TEST(AllocFileBad, Table) {
        [](const std::string& p) {
          fs::copy_file(std::string(KVQ_SOURCE_DIR) + "/data/golden/calib-v1.kvqcal.h5", p);
        }},
-      {"future_version", "found 8 (written by a newer kvq)",
-       [](const std::string& p) { copy_with_version(kGood, p, 8); }},
+      {"future_version", "found 9 (written by a newer kvq)",
+       [](const std::string& p) { copy_with_version(kGood, p, 9); }},
       {"manifest_not_json", "/@manifest: not valid JSON",
        [](const std::string& p) { fs::copy_file(kGood, p); set_root_attr(p, "manifest", "{\"heads\": ["); }},
       {"missing_budget", "manifest.budget",

@@ -112,11 +112,11 @@ TEST(KvqFile, BadFilesAreOneLineNamingFileAndField) {
        [](const std::string& p) { copy_to(kAlloc, p); remove_root_attr(p, "version"); }},
       {"version_not_an_integer", std::nullopt, "/@version: not an integer",
        [](const std::string& p) { copy_to(kAlloc, p); set_root_attr(p, "version", std::string("1")); }},
-      {"future_alloc", std::nullopt, "/@version: expected version 1..7, found 8 (written by a newer kvq)",
-       [](const std::string& p) { copy_to(kAlloc, p); set_root_attr(p, "version", int64_t(8)); }},
-      {"future_calib", KvqFileKind::kCalibration, "/@version: expected version 1..7, found 99 (written by a newer kvq)",
+      {"future_alloc", std::nullopt, "/@version: expected version 1..8, found 9 (written by a newer kvq)",
+       [](const std::string& p) { copy_to(kAlloc, p); set_root_attr(p, "version", int64_t(9)); }},
+      {"future_calib", KvqFileKind::kCalibration, "/@version: expected version 1..8, found 99 (written by a newer kvq)",
        [](const std::string& p) { copy_to(kCal, p); set_root_attr(p, "version", int64_t(99)); }},
-      {"retired_calib", std::nullopt, "/@version: expected version 1..7, found 0 (no longer supported)",
+      {"retired_calib", std::nullopt, "/@version: expected version 1..8, found 0 (no longer supported)",
        [](const std::string& p) { copy_to(kCal, p); set_root_attr(p, "version", int64_t(0)); }},
       // Fuzzing found these: HDF5 throws opening the root group, asking whether an attribute
       // exists, and a 16-element version attribute.

@@ -668,6 +668,45 @@ TEST(Qwen3_5, TieWordEmbeddingsFromTheTopLevel) {
   test::expect_error([&] { Model::load(dir.str()); }, {"lm_head.weight"});
 }
 
+// The official -FP8 repos: DeepSeek-style 128x128 block FP8 (here 16x12 blocks, so both edges are
+// partial) on every projection, the Gated DeltaNet's fused in_proj_* included; the conv, norms,
+// dt_bias / A_log and the embedding stay BF16; quantization_config at the multimodal config's top
+// level. The reference runs on the dequantized weights; the BF16 weights before quantizing miss.
+TEST(Qwen3_5, Fp8BlockCheckpointMatchesReference) {
+  const hf::Spec s = spec(7);
+  hf::TensorMap w = hf::make_weights(s);
+  auto pick = [](const std::string& n) {
+    auto ends = [&](const std::string& tail) {
+      return n.size() > tail.size() && n.compare(n.size() - tail.size(), tail.size(), tail) == 0;
+    };
+    return n.rfind("model.language_model.", 0) == 0 && (ends("_proj.weight") || n.find(".in_proj_") != std::string::npos);
+  };
+  hf::quantize_fp8_blocks(w, 16, 12, pick);
+  int n_fp8 = 0;
+  for (const auto& [name, t] : w) n_fp8 += t.dtype == "F8_E4M3";
+  EXPECT_EQ(w.at("model.language_model.layers.0.linear_attn.in_proj_qkv.weight").dtype, "F8_E4M3");
+  EXPECT_EQ(w.at("model.language_model.layers.0.linear_attn.conv1d.weight").dtype, "BF16");
+  json cfg = hf::make_config(s);
+  cfg["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"},
+                                {"weight_block_size", {16, 12}}};
+  test::TempDir dir;
+  hf::write_model(dir.str(), cfg, w, 3);
+  const ref::Model want = ref::from_hf(s, w), plain = ref::from_hf(s, hf::make_weights(s));
+  for (const bool stream : {false, true}) {
+    Model::LoadOptions lo;
+    lo.stream = stream;
+    const Model m = Model::load(dir.str(), lo);
+    const auto ids = prompt(kPrompt, s.vocab, 71);
+    const ref::Vec got = kvq_logits(m, ids);
+    const double d = ref::rel_max_diff(got, ref::forward(want, ids)), d_plain = ref::rel_max_diff(got, ref::forward(plain, ids));
+    std::cout << "[ info ] qwen3_5 FP8 blocks (" << n_fp8 << " tensors" << (stream ? ", streamed" : "") << "): " << d
+              << ", against the unquantized weights " << d_plain << "\n";
+    EXPECT_LT(d, kTol);
+    EXPECT_EQ(argmax_rows(got, s.vocab), argmax_rows(ref::forward(want, ids), s.vocab));
+    EXPECT_GT(d_plain, 1e-3);
+  }
+}
+
 // kvq's captures name its KV layers: the observer sees n_layers layers, layer l being decoder layer
 // attn_layer_index[l], with the query heads' pre-RoPE q after q_norm (not the gate rows), the
 // pre-RoPE k after k_norm and v, as the reference's trace of that attention layer has them.
