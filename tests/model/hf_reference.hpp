@@ -11,7 +11,9 @@
 // (§1): Gated DeltaNet layers (causal conv, L2-normed q/k, the per-token gated delta rule, the
 // gated output norm) beside gated attention (per-head [query | gate] q_proj rows, sigmoid(gate) on
 // the output, (1 + w) q/k norms, partial split-half RoPE), and the MoE with a sigmoid-gated shared
-// expert. Slow (O(T^2) loops), for tiny models only.
+// expert; Qwen3-Next (§1.7): the same math read from its fused, per-key-head grouped in_proj_qkvz /
+// in_proj_ba and its Qwen2-MoE layer rule (decoder_sparse_step, mlp_only_layers, norm_topk_prob).
+// Slow (O(T^2) loops), for tiny models only.
 //
 // Usage: fill a ref::Model (from_hf() does it for hf_tiny.hpp's tensors), then
 //   std::vector<double> logits = ref::forward(model, ids);          // [T][V] row-major
@@ -454,6 +456,55 @@ inline void gpt_oss_moe(const Layer& L, const std::vector<Vec>& gu_w, const std:
   }
 }
 
+// Qwen3-Next's fused Gated DeltaNet projections, read back into Qwen3.5's separate ones
+// (modeling_qwen3_next.py fix_query_key_value_ordering): in_proj_qkvz's output viewed as [Hk, G],
+// G = 2·dk + 2·r·dv, r = Hv / Hk, splits per key head h into [q_h (dk) | k_h (dk) | v (r·dv: value
+// heads h·r .. h·r + r − 1, dv each) | z (r·dv, the same heads)]; the conv then runs over [all q | all
+// k | all v] in head order. So row c of that order (and row c of z) is row src of in_proj_qkvz:
+//   q head h, dim i: h·G + i;           k head h, dim i: h·G + dk + i;
+//   v head j = h·r + u, dim i: h·G + 2·dk + u·dv + i;   z head j, dim i: h·G + 2·dk + r·dv + u·dv + i.
+// in_proj_ba's output viewed as [Hk, 2r] splits per key head into [b (r) | a (r)]: b_j is row
+// h·2r + u, a_j row h·2r + r + u. contiguous (the negative control): read as [all q; all k; all v;
+// all z] and [all b; all a] instead. W: [rows][D] row-major; fills qkv [2·Hk·dk + Hv·dv][D], z
+// [Hv·dv][D] (or b, a [Hv][D]).
+inline void ungroup_qkvz(const Vec& W, int Hk, int Hv, int dk, int dv, int D, bool contiguous, Vec& qkv, Vec& z) {
+  const int r = Hv / Hk, G = 2 * dk + 2 * r * dv, Kd = Hk * dk, Vd = Hv * dv;
+  if (Hv % Hk || W.size() != size_t(Hk) * G * D)
+    throw std::runtime_error("reference: in_proj_qkvz of " + std::to_string(W.size() / size_t(std::max(D, 1))) +
+                             " rows, expected " + std::to_string(Hk * G));
+  auto src = [&](int c) {  // c over [q (Kd) | k (Kd) | v (Vd) | z (Vd)]
+    if (contiguous) return c;
+    if (c < Kd) return (c / dk) * G + c % dk;
+    if ((c -= Kd) < Kd) return (c / dk) * G + dk + c % dk;
+    int off = 2 * dk;
+    if ((c -= Kd) >= Vd) {
+      c -= Vd;
+      off += r * dv;
+    }
+    const int j = c / dv, i = c % dv;
+    return (j / r) * G + off + (j % r) * dv + i;
+  };
+  qkv.assign(size_t(2 * Kd + Vd) * D, 0.0);
+  z.assign(size_t(Vd) * D, 0.0);
+  for (int c = 0; c < 2 * Kd + 2 * Vd; ++c) {
+    double* dst = c < 2 * Kd + Vd ? &qkv[size_t(c) * D] : &z[size_t(c - 2 * Kd - Vd) * D];
+    std::copy_n(&W[size_t(src(c)) * D], D, dst);
+  }
+}
+inline void ungroup_ba(const Vec& W, int Hk, int Hv, int D, bool contiguous, Vec& b, Vec& a) {
+  const int r = Hv / Hk;
+  if (Hv % Hk || W.size() != size_t(2) * Hv * D)
+    throw std::runtime_error("reference: in_proj_ba of " + std::to_string(W.size() / size_t(std::max(D, 1))) +
+                             " rows, expected " + std::to_string(2 * Hv));
+  b.assign(size_t(Hv) * D, 0.0);
+  a.assign(size_t(Hv) * D, 0.0);
+  for (int j = 0; j < Hv; ++j) {
+    const int sb = contiguous ? j : (j / r) * 2 * r + j % r, sa = contiguous ? Hv + j : (j / r) * 2 * r + r + j % r;
+    std::copy_n(&W[size_t(sb) * D], D, &b[size_t(j) * D]);
+    std::copy_n(&W[size_t(sa) * D], D, &a[size_t(j) * D]);
+  }
+}
+
 }  // namespace detail
 
 // Logits [T][V] of one causal window of ids at positions pos0 ... pos0 + T - 1.
@@ -691,12 +742,14 @@ inline Model from_glm(const hf::Spec& s, const hf::TensorMap& w);
 inline Model from_gpt_oss(const hf::Spec& s, const hf::TensorMap& w);
 inline Model from_gemma3(const hf::Spec& s, const hf::TensorMap& w);
 inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w);
+inline Model from_qwen3_next(const hf::Spec& s, const hf::TensorMap& w);
 
 inline Model from_hf(const hf::Spec& s, const hf::TensorMap& w) {
   if (s.glm()) return from_glm(s, w);
   if (s.gemma3()) return from_gemma3(s, w);
   if (s.gpt_oss()) return from_gpt_oss(s, w);
   if (s.qwen3_5()) return from_qwen3_5(s, w);
+  if (s.qwen3_next()) return from_qwen3_next(s, w);
   auto get = [&](const std::string& n) -> const Vec& {
     auto it = w.find(n);
     if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
@@ -1020,6 +1073,96 @@ inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w) {
   }
   return m;
 }
+
+// How from_qwen3_next reads the fused DeltaNet projections: grouped per key head (the checkpoint's
+// layout), or (negative controls) as if contiguous.
+struct FusedRead {
+  bool qkvz_contiguous = false, ba_contiguous = false;
+};
+
+// The reference model of an hf_tiny.hpp Qwen3-Next checkpoint (MODEL-FAMILIES-2026.md §1.7, from
+// modeling_qwen3_next.py), read from its tensors under model. (mtp.* never read): Qwen3.5's math
+// (norms, gated attention, partial RoPE, the Gated DeltaNet) with in_proj_qkvz / in_proj_ba
+// un-grouped by detail::ungroup_qkvz / ungroup_ba; each layer's MLP by the Qwen2-MoE rule (MoE iff
+// num_experts > 0, (l + 1) % decoder_sparse_step == 0 and l not in mlp_only_layers, else the dense
+// SwiGLU of intermediate_size): softmax over all experts, top-k, renormalised only with
+// norm_topk_prob, per-expert keys, the shared expert x sigmoid(shared_expert_gate · x); lm_head, or
+// the embedding when tied.
+inline Model from_qwen3_next(const hf::Spec& s, const hf::TensorMap& w, const FusedRead& how) {
+  auto get = [&](const std::string& n) -> const Vec& {
+    auto it = w.find(n);
+    if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
+    return it->second.v;
+  };
+  const std::string pre = "model.";
+  Model m;
+  m.D = s.hidden;
+  m.H = s.heads;
+  m.Hk = s.kv_heads;
+  m.hd = s.head_dim;
+  m.V = s.vocab;
+  m.eps = s.eps;
+  m.norm_offset = 1.0;
+  m.inv_freq = default_inv_freq(s.theta, int(s.head_dim * s.partial_rotary_factor));
+  m.attn_output_gate = true;
+  m.lin_Hk = s.lin_k_heads;
+  m.lin_Hv = s.lin_v_heads;
+  m.lin_dk = s.lin_k_dim;
+  m.lin_dv = s.lin_v_dim;
+  m.conv_kernel = s.conv_kernel;
+  m.top_k = s.top_k;
+  m.norm_topk_prob = s.norm_topk_prob;
+  m.embed = get(pre + "embed_tokens.weight");
+  m.final_norm = get(pre + "norm.weight");
+  m.lm_head = s.tied ? m.embed : get("lm_head.weight");
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = pre + "layers." + std::to_string(l) + ".";
+    Layer L;
+    L.attn_norm = get(p + "input_layernorm.weight");
+    L.ffn_norm = get(p + "post_attention_layernorm.weight");
+    const std::string type = s.layer_type(l);
+    if (type == "full_attention") {
+      L.wq = get(p + "self_attn.q_proj.weight");
+      L.wk = get(p + "self_attn.k_proj.weight");
+      L.wv = get(p + "self_attn.v_proj.weight");
+      L.wo = get(p + "self_attn.o_proj.weight");
+      L.q_norm = get(p + "self_attn.q_norm.weight");
+      L.k_norm = get(p + "self_attn.k_norm.weight");
+    } else if (type == "linear_attention") {
+      const std::string a = p + "linear_attn.";
+      detail::ungroup_qkvz(get(a + "in_proj_qkvz.weight"), s.lin_k_heads, s.lin_v_heads, s.lin_k_dim, s.lin_v_dim,
+                           s.hidden, how.qkvz_contiguous, L.in_qkv, L.in_z);
+      detail::ungroup_ba(get(a + "in_proj_ba.weight"), s.lin_k_heads, s.lin_v_heads, s.hidden, how.ba_contiguous,
+                         L.in_b, L.in_a);
+      L.conv = get(a + "conv1d.weight");  // [C, 1, K] row-major is [C][K], C over [all q | all k | all v]
+      L.dt_bias = get(a + "dt_bias");
+      L.A_log = get(a + "A_log");
+      L.gdn_norm = get(a + "norm.weight");
+      L.out_proj = get(a + "out_proj.weight");
+    } else {
+      throw std::runtime_error("reference: layer type " + type);
+    }
+    bool moe = s.experts > 0 && (l + 1) % s.decoder_sparse_step == 0;
+    for (int x : s.mlp_only_layers) moe = moe && x != l;
+    if (moe) {
+      L.router = get(p + "mlp.gate.weight");
+      for (int e = 0; e < s.experts; ++e) {
+        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
+        L.experts.push_back({get(q + "gate_proj.weight"), get(q + "up_proj.weight"), get(q + "down_proj.weight")});
+      }
+      L.shared = {get(p + "mlp.shared_expert.gate_proj.weight"), get(p + "mlp.shared_expert.up_proj.weight"),
+                  get(p + "mlp.shared_expert.down_proj.weight")};
+      L.shared_gate = get(p + "mlp.shared_expert_gate.weight");
+    } else {
+      L.w_gate = get(p + "mlp.gate_proj.weight");
+      L.w_up = get(p + "mlp.up_proj.weight");
+      L.w_down = get(p + "mlp.down_proj.weight");
+    }
+    m.layers.push_back(std::move(L));
+  }
+  return m;
+}
+inline Model from_qwen3_next(const hf::Spec& s, const hf::TensorMap& w) { return from_qwen3_next(s, w, FusedRead{}); }
 
 // max |a - b| / max |b|: the comparison measure of the architecture tests.
 inline double rel_max_diff(const Vec& a, const Vec& b) {

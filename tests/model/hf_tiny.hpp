@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -47,10 +48,10 @@ inline float bf16_to_f32(uint16_t h) {
 inline double bf16_round(double x) { return double(bf16_to_f32(f32_to_bf16(float(x)))); }
 
 // family: llama | mistral | qwen2 | qwen3 | qwen3_moe | mixtral | chatglm | glm | glm4 |
-// deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss | gemma3_text | gemma3 | qwen3_5 | qwen3_5_moe (the HF
-// model_type). The GLM-4 forms: chatglm in ChatGLM's own keys and tensor names (fused
-// query_key_value with bias, dense_h_to_4h), glm / glm4 in the Llama layout with split q/k/v +
-// bias and a fused gate_up_proj, glm4 with the sandwich norms.
+// deepseek_v2 | deepseek_v3 | glm4_moe | gpt_oss | gemma3_text | gemma3 | qwen3_5 | qwen3_5_moe |
+// qwen3_next (the HF model_type). The GLM-4 forms: chatglm in ChatGLM's own keys and tensor names
+// (fused query_key_value with bias, dense_h_to_4h), glm / glm4 in the Llama layout with split q/k/v
+// + bias and a fused gate_up_proj, glm4 with the sandwich norms.
 struct Spec {
   std::string family = "llama";
   int hidden = 32, layers = 3, heads = 4, kv_heads = 2, head_dim = 16, inter = 48, vocab = 64;
@@ -59,7 +60,7 @@ struct Spec {
   bool tied = false;
   // MoE (qwen3_moe, mixtral)
   int experts = 0, top_k = 0, moe_inter = 0;
-  bool norm_topk_prob = true;        // qwen3_moe only (Mixtral always renormalises)
+  bool norm_topk_prob = true;        // qwen3_moe / qwen3_next (Mixtral always renormalises)
   int decoder_sparse_step = 1;
   std::vector<int> mlp_only_layers;
   // Sliding window: mistral/mixtral when > 0; qwen2/qwen3/qwen3_moe when use_sliding_window.
@@ -143,6 +144,20 @@ struct Spec {
   double lin_norm_jitter = 0.2, conv_scale = 0.5, a_log_center = -0.9, a_log_jitter = 0.4, dt_bias_scale = 0.3,
          proj_a_scale = 0.05;
   double lin_qk_overlap = 0.0;
+  // qwen3_next (HF Qwen3NextConfig; MODEL-FAMILIES-2026.md §1.7): Qwen3.5-MoE's math in a text-only
+  // checkpoint. config.json at the top level (model_type qwen3_next, Qwen3NextForCausalLM; rope_theta
+  // and partial_rotary_factor as top-level keys, whatever classic_rope says; layer_types written or
+  // not as above); tensors under model. (an MTP block mtp.* a reader must ignore; no model.visual.*).
+  // The Gated DeltaNet's projections fused and grouped per key head (see group_qkvz / group_ba):
+  // linear_attn.in_proj_qkvz [Hk·(2·dk + 2·r·dv), D], linear_attn.in_proj_ba [2·Hv, D], r = Hv / Hk.
+  // The MLP as Qwen2-MoE: layer l is MoE iff experts > 0, (l + 1) % decoder_sparse_step == 0 and l is
+  // not in mlp_only_layers (else the dense SwiGLU of inter, mlp.{gate,up,down}_proj); the router
+  // renormalises only with norm_topk_prob; experts under per-expert keys
+  // mlp.experts.{e}.{gate,up,down}_proj.weight; the gated shared expert as qwen3_5_moe's. The values:
+  // exactly those the qwen3_5_moe writer draws for the same spec with per_expert_keys (the grouped
+  // tensors are its in_proj_qkv / in_proj_z / in_proj_b / in_proj_a rows regrouped), so a reader that
+  // un-groups them must recover that checkpoint's reference; the dense layers' MLPs (in place of that
+  // layer's MoE tensors) come from a second generator, so they change no other value.
 
   bool glm() const { return family == "chatglm" || family == "glm" || family == "glm4"; }
   bool deepseek() const { return family == "deepseek_v2" || family == "deepseek_v3"; }
@@ -153,19 +168,22 @@ struct Spec {
   bool gpt_oss() const { return family == "gpt_oss"; }
   bool gemma3() const { return family == "gemma3" || family == "gemma3_text"; }
   bool qwen3_5() const { return family == "qwen3_5" || family == "qwen3_5_moe"; }
+  bool qwen3_next() const { return family == "qwen3_next"; }
+  // The Gated DeltaNet hybrids (layer types linear_attention / full_attention).
+  bool hybrid() const { return qwen3_5() || qwen3_next(); }
   // The prefix of the Gemma 3 text model's tensors (embed_tokens, layers.N., norm).
   std::string text_prefix() const { return family == "gemma3" ? language_prefix : "model."; }
   // gpt_oss / gemma3 / qwen3_5: layer l's type as the config states it, else HF's default rule.
   std::string layer_type(int l) const {
     if (!layer_types.empty()) return layer_types[size_t(l)];
-    if (qwen3_5()) return (l + 1) % full_attention_interval ? "linear_attention" : "full_attention";
+    if (hybrid()) return (l + 1) % full_attention_interval ? "linear_attention" : "full_attention";
     const int pattern = gemma3() ? sliding_window_pattern : 2;
     return (l + 1) % pattern ? "sliding_attention" : "full_attention";
   }
 
   bool moe() const {
     return family == "qwen3_moe" || family == "mixtral" || family == "qwen3_5_moe" || gpt_oss() ||
-           ((deepseek() || glm4_moe()) && experts > 0);
+           ((deepseek() || glm4_moe() || qwen3_next()) && experts > 0);
   }
   bool qk_norm() const { return family == "qwen3" || family == "qwen3_moe"; }
   bool is_moe_layer(int l) const {
@@ -205,6 +223,7 @@ inline const char* class_of(const std::string& family) {
   if (family == "gemma3") return "Gemma3ForConditionalGeneration";
   if (family == "qwen3_5") return "Qwen3_5ForConditionalGeneration";
   if (family == "qwen3_5_moe") return "Qwen3_5MoeForConditionalGeneration";
+  if (family == "qwen3_next") return "Qwen3NextForCausalLM";
   throw std::invalid_argument("unknown family " + family);
 }
 
@@ -528,9 +547,65 @@ inline nlohmann::json make_qwen3_5_config(const Spec& s) {
           {"transformers_version", "5.0.0"}};
 }
 
+// Qwen3-Next's config.json (HF Qwen3NextConfig as Qwen/Qwen3-Next-80B-A3B-* ship it, tiny shape):
+// every field at the top level, rope_theta and partial_rotary_factor as plain keys, the Qwen2-MoE
+// keys (decoder_sparse_step, mlp_only_layers, norm_topk_prob) beside Qwen3.5's DeltaNet keys.
+// Spec::extra is merged last.
+inline nlohmann::json make_qwen3_next_config(const Spec& s) {
+  using nlohmann::json;
+  json c = {{"architectures", {class_of(s.family)}},
+            {"model_type", s.family},
+            {"vocab_size", s.vocab},
+            {"hidden_size", s.hidden},
+            {"intermediate_size", s.inter},
+            {"num_hidden_layers", s.layers},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.kv_heads},
+            {"head_dim", s.head_dim},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", s.max_pos},
+            {"rms_norm_eps", s.eps},
+            {"tie_word_embeddings", s.tied},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"rope_theta", s.theta},
+            {"partial_rotary_factor", s.partial_rotary_factor},
+            {"rope_scaling", nullptr},
+            {"linear_conv_kernel_dim", s.conv_kernel},
+            {"linear_key_head_dim", s.lin_k_dim},
+            {"linear_value_head_dim", s.lin_v_dim},
+            {"linear_num_key_heads", s.lin_k_heads},
+            {"linear_num_value_heads", s.lin_v_heads},
+            {"full_attention_interval", s.full_attention_interval},
+            {"num_experts", s.experts},
+            {"num_experts_per_tok", s.top_k},
+            {"moe_intermediate_size", s.moe_inter},
+            {"shared_expert_intermediate_size", s.shared_inter > 0 ? s.shared_inter : s.moe_inter},
+            {"norm_topk_prob", s.norm_topk_prob},
+            {"decoder_sparse_step", s.decoder_sparse_step},
+            {"mlp_only_layers", s.mlp_only_layers},
+            {"output_router_logits", false},
+            {"router_aux_loss_coef", 0.001},
+            {"use_sliding_window", false},
+            {"initializer_range", 0.02},
+            {"use_cache", true},
+            {"bos_token_id", s.bos_id},
+            {"eos_token_id", s.eos_id},
+            {"torch_dtype", "bfloat16"},
+            {"transformers_version", "4.57.0.dev0"}};
+  if (s.write_layer_types) {
+    json lt = json::array();
+    for (int l = 0; l < s.layers; ++l) lt.push_back(s.layer_type(l));
+    c["layer_types"] = lt;
+  }
+  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) c[it.key()] = it.value();
+  return c;
+}
+
 inline nlohmann::json make_config(const Spec& s) {
   using nlohmann::json;
   if (s.family == "chatglm") return make_chatglm_config(s);
+  if (s.qwen3_next()) return make_qwen3_next_config(s);
   if (s.gemma3()) return make_gemma3_config(s);
   if (s.qwen3_5()) return make_qwen3_5_config(s);
   if (s.gpt_oss()) return make_gpt_oss_config(s);
@@ -900,8 +975,10 @@ void make_qwen3_5_weights(const Spec& s, Add& add, Split& split_experts, Overlap
 }
 
 inline void quantize_mxfp4(TensorMap& m, const std::string& name);
+inline TensorMap make_qwen3_next_weights(const Spec& s);
 
 inline TensorMap make_weights(const Spec& s) {
+  if (s.qwen3_next()) return make_qwen3_next_weights(s);
   std::mt19937_64 rng(s.seed);
   std::normal_distribution<double> g(0.0, 1.0);
   TensorMap m;
@@ -1014,6 +1091,88 @@ inline TensorMap make_weights(const Spec& s) {
   }
   add("model.norm.weight", {D}, s.norm_jitter, 1.0);
   if (!s.tied) add("lm_head.weight", {s.vocab, D}, s.scale);
+  return m;
+}
+
+// Qwen3-Next's fused Gated DeltaNet projections (modeling_qwen3_next.py fix_query_key_value_ordering)
+// from Qwen3.5's separate ones: in_proj_qkv [2·Hk·dk + Hv·dv, D] (rows: all q heads, all k heads, all
+// v heads) and in_proj_z [Hv·dv, D] become in_proj_qkvz [Hk·(2·dk + 2·r·dv), D], r = Hv / Hk, whose
+// rows per key head h are [q_h (dk) | k_h (dk) | v of value heads h·r .. h·r + r − 1 (r·dv) | z of
+// the same heads (r·dv)]; in_proj_b / in_proj_a [Hv, D] become in_proj_ba [2·Hv, D], per key head h
+// [b of heads h·r .. h·r + r − 1 | a of the same heads]. Whole rows move; the values are unchanged.
+inline Tensor group_qkvz(const Tensor& qkv, const Tensor& z, int Hk, int Hv, int dk, int dv) {
+  const int64_t D = qkv.shape.at(1), r = Hv / Hk, Kd = int64_t(Hk) * dk;
+  if (Hv % Hk || qkv.shape[0] != 2 * Kd + int64_t(Hv) * dv || z.shape.at(0) != int64_t(Hv) * dv || z.shape[1] != D)
+    throw std::invalid_argument("group_qkvz: shapes");
+  Tensor out;
+  out.shape = {qkv.shape[0] + z.shape[0], D};
+  out.v.reserve(size_t(out.shape[0] * D));
+  auto rows = [&](const Tensor& t, int64_t row0, int64_t n) {
+    out.v.insert(out.v.end(), t.v.begin() + ptrdiff_t(row0 * D), t.v.begin() + ptrdiff_t((row0 + n) * D));
+  };
+  for (int64_t h = 0; h < Hk; ++h) {
+    rows(qkv, h * dk, dk);                      // q_h
+    rows(qkv, Kd + h * dk, dk);                 // k_h
+    rows(qkv, 2 * Kd + h * r * dv, r * dv);     // v of heads h·r ...
+    rows(z, h * r * dv, r * dv);                // z of heads h·r ...
+  }
+  return out;
+}
+inline Tensor group_ba(const Tensor& b, const Tensor& a, int Hk, int Hv) {
+  const int64_t D = b.shape.at(1), r = Hv / Hk;
+  if (Hv % Hk || b.shape[0] != Hv || a.shape.at(0) != Hv || a.shape[1] != D)
+    throw std::invalid_argument("group_ba: shapes");
+  Tensor out;
+  out.shape = {2 * int64_t(Hv), D};
+  for (int64_t h = 0; h < Hk; ++h)
+    for (const Tensor* t : {&b, &a})
+      out.v.insert(out.v.end(), t->v.begin() + ptrdiff_t(h * r * D), t->v.begin() + ptrdiff_t((h + 1) * r * D));
+  return out;
+}
+
+// Qwen3-Next's tensors (see Spec): the qwen3_5_moe writer's checkpoint of the same spec with
+// per-expert keys, model.language_model. renamed model., model.visual.* dropped (mtp.* kept, to be
+// ignored), each DeltaNet layer's in_proj_qkv / in_proj_z / in_proj_b / in_proj_a regrouped into
+// in_proj_qkvz / in_proj_ba, and on each dense layer (Spec::is_moe_layer false) the MoE tensors
+// replaced by mlp.{gate,up,down}_proj.weight ([inter, D], [inter, D], [D, inter]; N(0, scale) from a
+// generator of its own, drawn in layer order).
+inline TensorMap make_qwen3_next_weights(const Spec& s) {
+  Spec b = s;
+  b.family = "qwen3_5_moe";
+  b.per_expert_keys = true;
+  const TensorMap src = make_weights(b);
+  const std::string from = "model.language_model.";
+  TensorMap m;
+  for (const auto& [name, t] : src) {
+    if (name.rfind("model.visual.", 0) == 0) continue;
+    m[name.rfind(from, 0) == 0 ? "model." + name.substr(from.size()) : name] = t;
+  }
+  std::mt19937_64 rng(uint64_t(s.seed) * 0x9E3779B97F4A7C15ull + 0x3E7);
+  std::normal_distribution<double> g(0.0, 1.0);
+  const int64_t D = s.hidden;
+  for (int l = 0; l < s.layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (s.layer_type(l) == "linear_attention") {
+      const std::string a = p + "linear_attn.";
+      m[a + "in_proj_qkvz.weight"] =
+          group_qkvz(m.at(a + "in_proj_qkv.weight"), m.at(a + "in_proj_z.weight"), s.lin_k_heads, s.lin_v_heads,
+                     s.lin_k_dim, s.lin_v_dim);
+      m[a + "in_proj_ba.weight"] = group_ba(m.at(a + "in_proj_b.weight"), m.at(a + "in_proj_a.weight"), s.lin_k_heads,
+                                            s.lin_v_heads);
+      for (const char* n : {"in_proj_qkv.weight", "in_proj_z.weight", "in_proj_b.weight", "in_proj_a.weight"})
+        m.erase(a + n);
+    }
+    if (s.is_moe_layer(l)) continue;
+    for (auto it = m.begin(); it != m.end();)
+      it = it->first.rfind(p + "mlp.", 0) == 0 ? m.erase(it) : std::next(it);
+    for (const char* n : {"gate_proj", "up_proj", "down_proj"}) {
+      Tensor t;
+      t.shape = std::string(n) == "down_proj" ? std::vector<int64_t>{D, s.inter} : std::vector<int64_t>{s.inter, D};
+      t.v.resize(size_t(D * s.inter));
+      for (double& x : t.v) x = bf16_round(s.scale * g(rng));
+      m[p + "mlp." + n + ".weight"] = std::move(t);
+    }
+  }
   return m;
 }
 

@@ -484,9 +484,10 @@ TEST(BadArchitecture, RefusedModelTypesSayWhy) {
       // gemma3 is opened (test_model_gemma3): a Llama config called so lacks its text_config.
       {{{"model_type", "gemma3"}}, {"config.json", "text_config", "missing"}},
       {{{"model_type", "gemma4_text"}}, {"model_type", "'gemma4_text'", "attention_k_eq_v"}},
-      // qwen3_5 is opened (test_model_qwen3_5): a Llama config called so has no full_attention layer among its 3.
+      // qwen3_5 and qwen3_next are opened (test_model_qwen3_5 / _next): a Llama config called so has no
+      // full_attention layer among its 3.
       {{{"model_type", "qwen3_5"}}, {"config.json", "full_attention_interval", "no full_attention layer"}},
-      {{{"model_type", "qwen3_next"}}, {"model_type", "'qwen3_next'", "Gated DeltaNet"}},
+      {{{"model_type", "qwen3_next"}}, {"config.json", "full_attention_interval", "no full_attention layer"}},
       {{{"model_type", "phi3"}}, {"model_type", "'phi3'", "LongRoPE", "fused"}},
       {{{"model_type", "falcon"}}, {"model_type", "unsupported architecture 'falcon'", "supported: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, chatglm, glm, glm4"}},
       {{{"architectures", {"DeepseekV2ForCausalLM"}}}, {"config.json", "kv_lora_rank", "missing"}},

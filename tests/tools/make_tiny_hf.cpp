@@ -22,7 +22,8 @@ namespace hf = kvq::test::hf;
 
 const char* kUsage =
     "usage: kvq-make-tiny-hf --family llama3|qwen2|qwen3|qwen3-moe|mixtral|mistral-swa|chatglm|glm4|deepseek_v2|\n"
-    "                                 deepseek_v3-fp8|glm4_moe|gpt_oss|gemma3_text|gemma3|qwen3_5|qwen3_5_moe\n"
+    "                                 deepseek_v3-fp8|glm4_moe|gpt_oss|gemma3_text|gemma3|qwen3_5|qwen3_5_moe|\n"
+    "                                 qwen3_next\n"
     "                        --out DIR\n"
     "                        [--seed S] [--scale X]\n"
     "                        [--layers N] [--head-dim D] [--kv-heads H]\n"
@@ -62,7 +63,11 @@ const char* kUsage =
     "            value heads of 16, conv kernel 4); gated attention with head_dim 64 of which 16 rotate\n"
     "            (rope_parameters, theta 1e7), (1 + w) norms, tied head; qwen3_5_moe: the same with 8\n"
     "            experts top-2 (fused gate_up_proj / down_proj) and a gated shared expert, untied;\n"
-    "            both with the Qwen tokenizer (no BOS). --layers keeps the default rule (interval 4)\n"
+    "            both with the Qwen tokenizer (no BOS). --layers keeps the default rule (interval 4);\n"
+    "            qwen3_next: Qwen3-Next's text-only layout (top-level config, model. tensors, mtp.* to\n"
+    "            ignore) of qwen3_5_moe's shape, the DeltaNet projections fused and grouped per key head\n"
+    "            (in_proj_qkvz, in_proj_ba), per-expert keys, norm_topk_prob, layer 1 dense\n"
+    "            (mlp_only_layers [1], intermediate_size 128), untied, rope_theta 1e7 as a top-level key\n"
     "  --out     directory to create (must not exist or be empty)\n"
     "  --seed    weight seed (default 0)\n"
     "  --scale   std of the weights (default 0.02)\n"
@@ -347,10 +352,18 @@ hf::Spec spec_for(const std::string& family, uint32_t seed, double scale) {
     s.moe_inter = 32;
     s.shared_inter = 32;
     s.lin_norm_jitter = 0.0;
+  } else if (family == "qwen3_next") {
+    s = spec_for("qwen3_5_moe", seed, scale);
+    s.family = family;
+    s.tied = false;
+    s.norm_topk_prob = true;
+    s.decoder_sparse_step = 1;
+    s.mlp_only_layers = {1};
   } else {
     throw std::invalid_argument("--family: unknown '" + family +
                                 "' (llama3, qwen2, qwen3, qwen3-moe, mixtral, mistral-swa, chatglm, glm4, deepseek_v2, "
-                                "deepseek_v3-fp8, glm4_moe, gpt_oss, gemma3_text, gemma3, qwen3_5, qwen3_5_moe)");
+                                "deepseek_v3-fp8, glm4_moe, gpt_oss, gemma3_text, gemma3, qwen3_5, qwen3_5_moe, "
+                                "qwen3_next)");
   }
   return s;
 }
@@ -440,10 +453,10 @@ int run(int argc, char** argv) {
     s.kv_heads = kv_heads;
     s.heads = 2 * kv_heads;
   }
-  if (s.qwen3_5() && s.layers < s.full_attention_interval)
+  if (s.hybrid() && s.layers < s.full_attention_interval)
     throw std::invalid_argument("--layers: " + family + " needs at least " + std::to_string(s.full_attention_interval) +
                                 " (full attention on every " + std::to_string(s.full_attention_interval) + "th layer)");
-  if (s.qwen3_5() && int(s.head_dim * s.partial_rotary_factor) % 2)
+  if (s.hybrid() && int(s.head_dim * s.partial_rotary_factor) % 2)
     throw std::invalid_argument("--head-dim: " + family +
                                 " rotates head_dim / 4 dims in pairs; a multiple of 8 is needed");
   // GLM-4's own tokenizer is a tiktoken rank file; these tiny models carry the Qwen-style
@@ -452,7 +465,7 @@ int run(int argc, char** argv) {
   // SentencePiece (<bos> = 2, prepended); its tiny models carry the Llama-3-style tokenizer.json,
   // whose template prepends BOS too (the BOS/EOS ids are that tokenizer's).
   const bool qwen = s.family == "qwen2" || s.family == "qwen3" || s.family == "qwen3_moe" || s.glm() || s.glm4_moe() ||
-                    s.gpt_oss() || s.qwen3_5();
+                    s.gpt_oss() || s.hybrid();
   const Tok tok = make_tokenizer(qwen);
   s.vocab = tok.vocab_size;
   s.bos_id = tok.bos;

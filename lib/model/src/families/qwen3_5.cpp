@@ -16,7 +16,10 @@
 namespace kvq::detail {
 namespace {
 
-void parse_text(const json& text, const std::string& path, const std::string& prefix, bool moe, ModelConfig* c) {
+enum class Kind { kDense, kMoe, kNext };
+
+void parse_text(const json& text, const std::string& path, const std::string& prefix, Kind kind, ModelConfig* c) {
+  const bool moe = kind != Kind::kDense;
   json tj = text;
   // The MoE config has no dense width (every layer is sparse): the common reader's key is filled in.
   if (moe && !tj.contains("intermediate_size") && tj.contains("moe_intermediate_size"))
@@ -70,12 +73,19 @@ void parse_text(const json& text, const std::string& path, const std::string& pr
                                                             std::to_string(c->n_experts));
     c->moe_intermediate_size = r.positive_int("moe_intermediate_size", 512);
     c->shared_expert_intermediate_size = r.positive_int("shared_expert_intermediate_size", 512);
-    c->norm_topk_prob = true;  // Qwen3.5-MoE always renormalises (the key is gone)
     c->layer_moe.assign(size_t(n), 1);
+    c->norm_topk_prob = true;  // Qwen3.5-MoE always renormalises (the key is gone)
+    if (kind == Kind::kNext) {  // Qwen3-Next: Qwen2-MoE's rules — sparse step, dense layers, the key
+      c->norm_topk_prob = r.boolean("norm_topk_prob", true);
+      const int step = r.positive_int("decoder_sparse_step", 1);
+      for (int l = 0; l < n; ++l)
+        if ((l + 1) % step != 0) c->layer_moe[size_t(l)] = 0;
+      for (int l : r.layer_list("mlp_only_layers", n)) c->layer_moe[size_t(l)] = 0;
+    }
   }
 }
 
-void parse_config(const ConfigReader& r, bool moe, ModelConfig* c) {
+void parse_config(const ConfigReader& r, Kind kind, ModelConfig* c) {
   if (r.has("text_config")) {
     if (!r.raw("text_config").is_object()) throw Error(r.path(), "text_config", "expected an object");
     json text = r.raw("text_config");
@@ -83,14 +93,15 @@ void parse_config(const ConfigReader& r, bool moe, ModelConfig* c) {
     // config's own key wins where it is written.
     if (!text.contains("tie_word_embeddings") && r.has("tie_word_embeddings"))
       text["tie_word_embeddings"] = r.boolean("tie_word_embeddings", false);
-    parse_text(text, r.path(), "text_config.", moe, c);
+    parse_text(text, r.path(), "text_config.", kind, c);
   } else {
-    parse_text(r.json_object(), r.path(), "", moe, c);
+    parse_text(r.json_object(), r.path(), "", kind, c);
   }
 }
 
-void parse_dense(const ConfigReader& r, ModelConfig* c) { parse_config(r, false, c); }
-void parse_moe(const ConfigReader& r, ModelConfig* c) { parse_config(r, true, c); }
+void parse_dense(const ConfigReader& r, ModelConfig* c) { parse_config(r, Kind::kDense, c); }
+void parse_moe(const ConfigReader& r, ModelConfig* c) { parse_config(r, Kind::kMoe, c); }
+void parse_next(const ConfigReader& r, ModelConfig* c) { parse_text(r.json_object(), r.path(), "", Kind::kNext, c); }
 
 // model.language_model. (the hub's multimodal checkpoints) or model. (a text-only export).
 std::string prefix_of(const TensorIndex& t) {
@@ -107,6 +118,27 @@ GlobalNames globals(const ModelConfig&, const TensorIndex& t) {
 }
 
 using Dst = std::function<at::Tensor&(LayerWeights&)>;
+
+bool grouped(const ModelConfig& c) { return c.architecture == "qwen3_next"; }
+
+// Qwen3-Next's in_proj_qkvz [Hk (2 dk + 2 r dv), D] holds per key head h [q_h | k_h | v_h (its r value
+// heads) | z_h], and in_proj_ba [2 Hv, D] per key head [b_h (r) | a_h (r)]
+// (fix_query_key_value_ordering). Read as row ranges into Qwen3.5's order: every q, every k, every v
+// (the conv's channels), every z, every b, every a.
+std::vector<WantTensor> grouped_projection(const ModelConfig& c, const std::string& a) {
+  const int64_t D = c.hidden_size, Hk = c.linear_key_heads, dk = c.linear_key_dim, dv = c.linear_value_dim;
+  const int64_t r = c.linear_value_heads / Hk, G = 2 * dk + 2 * r * dv;
+  const std::string qkvz = a + "in_proj_qkvz.weight", ba = a + "in_proj_ba.weight";
+  const std::vector<int64_t> whole_qkvz{Hk * G, D}, whole_ba{Hk * 2 * r, D};
+  std::vector<WantTensor> parts;
+  // (offset within a key head's group, rows) of q, k, v, z
+  const std::pair<int64_t, int64_t> pieces[] = {{0, dk}, {dk, dk}, {2 * dk, r * dv}, {2 * dk + r * dv, r * dv}};
+  for (const auto& [off, rows] : pieces)
+    for (int64_t h = 0; h < Hk; ++h) parts.emplace_back(qkvz, std::vector<int64_t>{rows, D}, h * G + off, whole_qkvz);
+  for (int64_t off : {int64_t(0), r})
+    for (int64_t h = 0; h < Hk; ++h) parts.emplace_back(ba, std::vector<int64_t>{r, D}, h * 2 * r + off, whole_ba);
+  return parts;
+}
 
 LayerPlan plan(const ModelConfig& c, int l, const TensorIndex& t) {
   const std::string p = prefix_of(t) + "layers." + std::to_string(l) + ".";
@@ -130,11 +162,14 @@ LayerPlan plan(const ModelConfig& c, int l, const TensorIndex& t) {
   } else {
     const std::string a = p + "linear_attn.";
     const int64_t Hv = c.linear_value_heads, CD = c.linear_conv_dim(), Vd = c.linear_v_dim();
-    plan.push_back({[](LayerWeights& L) -> at::Tensor& { return L.wqkv; },
-                    {{a + "in_proj_qkv.weight", {CD, D}},
-                     {a + "in_proj_z.weight", {Vd, D}},
-                     {a + "in_proj_b.weight", {Hv, D}},
-                     {a + "in_proj_a.weight", {Hv, D}}}});
+    if (grouped(c))
+      plan.push_back({[](LayerWeights& L) -> at::Tensor& { return L.wqkv; }, grouped_projection(c, a)});
+    else
+      plan.push_back({[](LayerWeights& L) -> at::Tensor& { return L.wqkv; },
+                      {{a + "in_proj_qkv.weight", {CD, D}},
+                       {a + "in_proj_z.weight", {Vd, D}},
+                       {a + "in_proj_b.weight", {Hv, D}},
+                       {a + "in_proj_a.weight", {Hv, D}}}});
     one([](LayerWeights& L) -> at::Tensor& { return L.conv_w; }, a + "conv1d.weight", {CD, 1, c.linear_conv_kernel});
     one([](LayerWeights& L) -> at::Tensor& { return L.dt_bias; }, a + "dt_bias", {Hv});
     one([](LayerWeights& L) -> at::Tensor& { return L.a_log; }, a + "A_log", {Hv});
@@ -199,6 +234,7 @@ const Family kQwen3_5Family = {"qwen3_5", {"Qwen3_5ForConditionalGeneration"}, p
                                hybrid_layer};
 const Family kQwen3_5MoeFamily = {"qwen3_5_moe", {"Qwen3_5MoeForConditionalGeneration"}, parse_moe, globals, check, plan,
                                   hybrid_layer};
+const Family kQwen3NextFamily = {"qwen3_next", {"Qwen3NextForCausalLM"}, parse_next, globals, check, plan, hybrid_layer};
 // The text-only forms (the text_config's own model_type, its fields at the top level).
 const Family kQwen3_5TextFamily = {"qwen3_5_text", {"Qwen3_5ForCausalLM"}, parse_dense, globals, nullptr, plan,
                                    hybrid_layer};

@@ -23,7 +23,8 @@ const std::vector<const Family*>& table() {
                                                   &kGlm4Family,    &kDeepseekV2Family, &kDeepseekV3Family,
                                                   &kKimiK2Family,  &kGlm4MoeFamily, &kGptOssFamily,
                                                   &kGemma3Family, &kGemma3TextFamily, &kQwen3_5Family,
-                                                  &kQwen3_5MoeFamily, &kQwen3_5TextFamily, &kQwen3_5MoeTextFamily};
+                                                  &kQwen3_5MoeFamily, &kQwen3_5TextFamily, &kQwen3_5MoeTextFamily,
+                                                  &kQwen3NextFamily};
   return rows;
 }
 
@@ -48,9 +49,6 @@ const std::vector<Refused>& refused() {
       {"gemma4_text", {"Gemma4ForCausalLM"},
        "Gemma 4's full layers share K and V (attention_k_eq_v) with their own head dim and proportional RoPE, and "
        "its KV-shared layers keep no cache: not implemented"},
-      {"qwen3_next", {"Qwen3NextForCausalLM"},
-       "Qwen3-Next's Gated DeltaNet projections are grouped per key head (in_proj_qkvz / in_proj_ba) and its MoE "
-       "has dense layers and an optional renormalisation: not implemented (Qwen3.5 / 3.6 are)"},
       {"phi3", {"Phi3ForCausalLM"}, "LongRoPE scaling and the fused qkv_proj / gate_up_proj layout are not implemented"},
       {"qwen2_moe", {"Qwen2MoeForCausalLM"}, "shared experts with a sigmoid shared-expert gate are not implemented"}};
   return rows;
