@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iostream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "hf_reference.hpp"
@@ -112,5 +114,39 @@ struct Fixture {
   }
   double compare(const std::vector<int>& ids) const { return compare_to_reference(model, ck.m, ids, ck.s.vocab); }
 };
+
+// The names a family test uses unqualified (`using namespace test::family_names;` in its file).
+namespace family_names {
+namespace hf = kvq::test::hf;
+namespace ref = kvq::test::ref;
+using kvq::test::argmax_rows;
+using kvq::test::Checkpoint;
+using kvq::test::control;
+using kvq::test::Fixture;
+using kvq::test::kvq_logits;
+using kvq::test::make_checkpoint;
+using nlohmann::json;
+}  // namespace family_names
+
+// kvq against the reference over each variant's checkpoint (variant_spec(v, 7 + k) for the k-th)
+// and three prompts (prompt(T + seed % 3, vocab, seed), seeds 11, 12, 13): EXPECTs each relative max
+// diff under tol (with the greedy ids equal) and prints the worst per variant as
+// "[ info ] <family> '<what>' max rel diff <worst>".
+template <class Variant, class SpecOf, class PromptOf>
+void forward_matches_reference(const std::vector<Variant>& variants, SpecOf variant_spec, PromptOf prompt, int T,
+                               double tol, const std::string& family) {
+  uint32_t k = 0;
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.what);
+    Fixture f(variant_spec(v, 7 + k++));
+    double worst = 0;
+    for (uint32_t seed : {11u, 12u, 13u}) {
+      const double d = f.compare(prompt(T + int(seed % 3), f.ck.s.vocab, seed));
+      worst = std::max(worst, d);
+      EXPECT_LT(d, tol) << v.what << ", prompt seed " << seed;
+    }
+    std::cout << "[ info ] " << family << " '" << v.what << "' max rel diff " << worst << "\n";
+  }
+}
 
 }  // namespace kvq::test

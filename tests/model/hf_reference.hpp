@@ -981,23 +981,28 @@ inline Model from_gemma3(const hf::Spec& s, const hf::TensorMap& w) {
   return m;
 }
 
-// The reference model of an hf_tiny.hpp Qwen3.5 checkpoint (MODEL-FAMILIES-2026.md §1, from
-// modeling_qwen3_5.py / modular_qwen3_5_moe.py), read from its tensors under model.language_model.
-// (model.visual.* and mtp.* are never read): (1 + w) norms (input, post_attention, final, q/k), no
-// embedding scale; each layer's type from layer_types or the (l + 1) % full_attention_interval rule;
-// full-attention layers with the output gate (q_proj rows per head [query | gate]), q/k norms before
-// RoPE over the first head_dim · partial_rotary_factor dims (split-half within them, rope_theta),
-// scale head_dim^-0.5, GQA; Gated DeltaNet layers as gated_delta_net(); the dense SwiGLU MLP, or
-// the MoE (softmax over all experts, top-k, always renormalised) with the shared expert x
-// sigmoid(shared_expert_gate · x), its experts from the fused [E, 2I, D] / [E, D, I] tensors or the
-// per-expert keys; lm_head, or the embedding when tied.
-inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w) {
-  auto get = [&](const std::string& n) -> const Vec& {
+namespace detail {
+// What Qwen3.5 and Qwen3-Next read alike (MODEL-FAMILIES-2026.md §1): the tensors under `pre`,
+// (1 + w) norms, gated full attention with q/k norms and partial RoPE, the Gated DeltaNet's conv /
+// dt_bias / A_log / norm / out_proj, the MoE's router, per-expert keys (or, with fused_experts, the
+// fused [E, 2I, D] / [E, D, I] tensors) and the gated shared expert, else the dense SwiGLU; lm_head,
+// or the embedding when tied. What differs is passed in: the DeltaNet's input projections
+// (linear_in fills in_qkv / in_z / in_b / in_a from the layer's linear_attn. prefix), which layers
+// are MoE, and norm_topk_prob.
+using TensorGet = std::function<const Vec&(const std::string&)>;
+struct HybridRead {
+  std::string pre;
+  bool norm_topk_prob = true, fused_experts = false;
+  std::function<bool(int)> moe_layer;
+  std::function<void(Layer&, const std::string&, const TensorGet&)> linear_in;
+};
+inline Model qwen3_hybrid(const hf::Spec& s, const hf::TensorMap& w, const HybridRead& how) {
+  const TensorGet get = [&](const std::string& n) -> const Vec& {
     auto it = w.find(n);
     if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
     return it->second.v;
   };
-  const std::string pre = "model.language_model.";
+  const std::string& pre = how.pre;
   Model m;
   m.D = s.hidden;
   m.H = s.heads;
@@ -1014,7 +1019,7 @@ inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w) {
   m.lin_dv = s.lin_v_dim;
   m.conv_kernel = s.conv_kernel;
   m.top_k = s.top_k;
-  m.norm_topk_prob = true;
+  m.norm_topk_prob = how.norm_topk_prob;
   m.embed = get(pre + "embed_tokens.weight");
   m.final_norm = get(pre + "norm.weight");
   m.lm_head = s.tied ? m.embed : get("lm_head.weight");
@@ -1034,11 +1039,8 @@ inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w) {
       L.k_norm = get(p + "self_attn.k_norm.weight");
     } else if (type == "linear_attention") {
       const std::string a = p + "linear_attn.";
-      L.in_qkv = get(a + "in_proj_qkv.weight");
-      L.in_z = get(a + "in_proj_z.weight");
-      L.in_b = get(a + "in_proj_b.weight");
-      L.in_a = get(a + "in_proj_a.weight");
-      L.conv = get(a + "conv1d.weight");  // [C, 1, K] row-major is [C][K]
+      how.linear_in(L, a, get);
+      L.conv = get(a + "conv1d.weight");  // [C, 1, K] row-major is [C][K], C over [all q | all k | all v]
       L.dt_bias = get(a + "dt_bias");
       L.A_log = get(a + "A_log");
       L.gdn_norm = get(a + "norm.weight");
@@ -1046,11 +1048,11 @@ inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w) {
     } else {
       throw std::runtime_error("reference: layer type " + type);
     }
-    if (s.family == "qwen3_5_moe") {
+    if (how.moe_layer(l)) {
       L.router = get(p + "mlp.gate.weight");
       const std::string x = p + "mlp.experts.";
       for (int e = 0; e < s.experts; ++e) {
-        if (s.per_expert_keys) {
+        if (!how.fused_experts) {
           const std::string q = x + std::to_string(e) + ".";
           L.experts.push_back({get(q + "gate_proj.weight"), get(q + "up_proj.weight"), get(q + "down_proj.weight")});
           continue;
@@ -1073,6 +1075,33 @@ inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w) {
   }
   return m;
 }
+}  // namespace detail
+
+// The reference model of an hf_tiny.hpp Qwen3.5 checkpoint (MODEL-FAMILIES-2026.md §1, from
+// modeling_qwen3_5.py / modular_qwen3_5_moe.py), read from its tensors under model.language_model.
+// (model.visual.* and mtp.* are never read): (1 + w) norms (input, post_attention, final, q/k), no
+// embedding scale; each layer's type from layer_types or the (l + 1) % full_attention_interval rule;
+// full-attention layers with the output gate (q_proj rows per head [query | gate]), q/k norms before
+// RoPE over the first head_dim · partial_rotary_factor dims (split-half within them, rope_theta),
+// scale head_dim^-0.5, GQA; Gated DeltaNet layers as gated_delta_net(); the dense SwiGLU MLP, or
+// the MoE (softmax over all experts, top-k, always renormalised) with the shared expert x
+// sigmoid(shared_expert_gate · x), its experts from the fused [E, 2I, D] / [E, D, I] tensors or the
+// per-expert keys; lm_head, or the embedding when tied.
+inline Model from_qwen3_5(const hf::Spec& s, const hf::TensorMap& w) {
+  detail::HybridRead how;
+  how.pre = "model.language_model.";
+  how.norm_topk_prob = true;
+  how.fused_experts = !s.per_expert_keys;
+  const bool moe = s.family == "qwen3_5_moe";
+  how.moe_layer = [moe](int) { return moe; };
+  how.linear_in = [](Layer& L, const std::string& a, const detail::TensorGet& get) {
+    L.in_qkv = get(a + "in_proj_qkv.weight");
+    L.in_z = get(a + "in_proj_z.weight");
+    L.in_b = get(a + "in_proj_b.weight");
+    L.in_a = get(a + "in_proj_a.weight");
+  };
+  return detail::qwen3_hybrid(s, w, how);
+}
 
 // How from_qwen3_next reads the fused DeltaNet projections: grouped per key head (the checkpoint's
 // layout), or (negative controls) as if contiguous.
@@ -1088,79 +1117,23 @@ struct FusedRead {
 // SwiGLU of intermediate_size): softmax over all experts, top-k, renormalised only with
 // norm_topk_prob, per-expert keys, the shared expert x sigmoid(shared_expert_gate · x); lm_head, or
 // the embedding when tied.
-inline Model from_qwen3_next(const hf::Spec& s, const hf::TensorMap& w, const FusedRead& how) {
-  auto get = [&](const std::string& n) -> const Vec& {
-    auto it = w.find(n);
-    if (it == w.end()) throw std::runtime_error("reference: no tensor " + n);
-    return it->second.v;
-  };
-  const std::string pre = "model.";
-  Model m;
-  m.D = s.hidden;
-  m.H = s.heads;
-  m.Hk = s.kv_heads;
-  m.hd = s.head_dim;
-  m.V = s.vocab;
-  m.eps = s.eps;
-  m.norm_offset = 1.0;
-  m.inv_freq = default_inv_freq(s.theta, int(s.head_dim * s.partial_rotary_factor));
-  m.attn_output_gate = true;
-  m.lin_Hk = s.lin_k_heads;
-  m.lin_Hv = s.lin_v_heads;
-  m.lin_dk = s.lin_k_dim;
-  m.lin_dv = s.lin_v_dim;
-  m.conv_kernel = s.conv_kernel;
-  m.top_k = s.top_k;
-  m.norm_topk_prob = s.norm_topk_prob;
-  m.embed = get(pre + "embed_tokens.weight");
-  m.final_norm = get(pre + "norm.weight");
-  m.lm_head = s.tied ? m.embed : get("lm_head.weight");
-  for (int l = 0; l < s.layers; ++l) {
-    const std::string p = pre + "layers." + std::to_string(l) + ".";
-    Layer L;
-    L.attn_norm = get(p + "input_layernorm.weight");
-    L.ffn_norm = get(p + "post_attention_layernorm.weight");
-    const std::string type = s.layer_type(l);
-    if (type == "full_attention") {
-      L.wq = get(p + "self_attn.q_proj.weight");
-      L.wk = get(p + "self_attn.k_proj.weight");
-      L.wv = get(p + "self_attn.v_proj.weight");
-      L.wo = get(p + "self_attn.o_proj.weight");
-      L.q_norm = get(p + "self_attn.q_norm.weight");
-      L.k_norm = get(p + "self_attn.k_norm.weight");
-    } else if (type == "linear_attention") {
-      const std::string a = p + "linear_attn.";
-      detail::ungroup_qkvz(get(a + "in_proj_qkvz.weight"), s.lin_k_heads, s.lin_v_heads, s.lin_k_dim, s.lin_v_dim,
-                           s.hidden, how.qkvz_contiguous, L.in_qkv, L.in_z);
-      detail::ungroup_ba(get(a + "in_proj_ba.weight"), s.lin_k_heads, s.lin_v_heads, s.hidden, how.ba_contiguous,
-                         L.in_b, L.in_a);
-      L.conv = get(a + "conv1d.weight");  // [C, 1, K] row-major is [C][K], C over [all q | all k | all v]
-      L.dt_bias = get(a + "dt_bias");
-      L.A_log = get(a + "A_log");
-      L.gdn_norm = get(a + "norm.weight");
-      L.out_proj = get(a + "out_proj.weight");
-    } else {
-      throw std::runtime_error("reference: layer type " + type);
-    }
+inline Model from_qwen3_next(const hf::Spec& s, const hf::TensorMap& w, const FusedRead& fused) {
+  detail::HybridRead how;
+  how.pre = "model.";
+  how.norm_topk_prob = s.norm_topk_prob;
+  how.fused_experts = false;
+  how.moe_layer = [&s](int l) {
     bool moe = s.experts > 0 && (l + 1) % s.decoder_sparse_step == 0;
     for (int x : s.mlp_only_layers) moe = moe && x != l;
-    if (moe) {
-      L.router = get(p + "mlp.gate.weight");
-      for (int e = 0; e < s.experts; ++e) {
-        const std::string q = p + "mlp.experts." + std::to_string(e) + ".";
-        L.experts.push_back({get(q + "gate_proj.weight"), get(q + "up_proj.weight"), get(q + "down_proj.weight")});
-      }
-      L.shared = {get(p + "mlp.shared_expert.gate_proj.weight"), get(p + "mlp.shared_expert.up_proj.weight"),
-                  get(p + "mlp.shared_expert.down_proj.weight")};
-      L.shared_gate = get(p + "mlp.shared_expert_gate.weight");
-    } else {
-      L.w_gate = get(p + "mlp.gate_proj.weight");
-      L.w_up = get(p + "mlp.up_proj.weight");
-      L.w_down = get(p + "mlp.down_proj.weight");
-    }
-    m.layers.push_back(std::move(L));
-  }
-  return m;
+    return moe;
+  };
+  how.linear_in = [&s, fused](Layer& L, const std::string& a, const detail::TensorGet& get) {
+    detail::ungroup_qkvz(get(a + "in_proj_qkvz.weight"), s.lin_k_heads, s.lin_v_heads, s.lin_k_dim, s.lin_v_dim,
+                         s.hidden, fused.qkvz_contiguous, L.in_qkv, L.in_z);
+    detail::ungroup_ba(get(a + "in_proj_ba.weight"), s.lin_k_heads, s.lin_v_heads, s.hidden, fused.ba_contiguous,
+                       L.in_b, L.in_a);
+  };
+  return detail::qwen3_hybrid(s, w, how);
 }
 inline Model from_qwen3_next(const hf::Spec& s, const hf::TensorMap& w) { return from_qwen3_next(s, w, FusedRead{}); }
 

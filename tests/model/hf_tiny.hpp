@@ -457,6 +457,54 @@ inline nlohmann::json make_gemma3_config(const Spec& s) {
           {"torch_dtype", "bfloat16"}};
 }
 
+// The config fields Qwen3.5's text_config and Qwen3-Next's config.json write alike: the shape,
+// norms and token ids, the Gated DeltaNet's keys, layer_types when written, and with `moe` the MoE
+// keys (num_experts, num_experts_per_tok, moe_intermediate_size, shared_expert_intermediate_size,
+// router_aux_loss_coef, output_router_logits). nlohmann::json keeps its keys sorted, so the
+// callers' own keys may be added after; each merges Spec::extra last (merge_extra).
+inline nlohmann::json hybrid_config_fields(const Spec& s, bool moe) {
+  using nlohmann::json;
+  json t = {{"vocab_size", s.vocab},
+            {"hidden_size", s.hidden},
+            {"num_hidden_layers", s.layers},
+            {"num_attention_heads", s.heads},
+            {"num_key_value_heads", s.kv_heads},
+            {"head_dim", s.head_dim},
+            {"hidden_act", "silu"},
+            {"max_position_embeddings", s.max_pos},
+            {"rms_norm_eps", s.eps},
+            {"tie_word_embeddings", s.tied},
+            {"attention_bias", false},
+            {"attention_dropout", 0.0},
+            {"linear_conv_kernel_dim", s.conv_kernel},
+            {"linear_key_head_dim", s.lin_k_dim},
+            {"linear_value_head_dim", s.lin_v_dim},
+            {"linear_num_key_heads", s.lin_k_heads},
+            {"linear_num_value_heads", s.lin_v_heads},
+            {"full_attention_interval", s.full_attention_interval},
+            {"initializer_range", 0.02},
+            {"use_cache", true},
+            {"bos_token_id", s.bos_id},
+            {"eos_token_id", s.eos_id}};
+  if (moe) {
+    t["num_experts"] = s.experts;
+    t["num_experts_per_tok"] = s.top_k;
+    t["moe_intermediate_size"] = s.moe_inter;
+    t["shared_expert_intermediate_size"] = s.shared_inter > 0 ? s.shared_inter : s.moe_inter;
+    t["router_aux_loss_coef"] = 0.001;
+    t["output_router_logits"] = false;
+  }
+  if (s.write_layer_types) {
+    json lt = json::array();
+    for (int l = 0; l < s.layers; ++l) lt.push_back(s.layer_type(l));
+    t["layer_types"] = lt;
+  }
+  return t;
+}
+inline void merge_extra(nlohmann::json& c, const Spec& s) {
+  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) c[it.key()] = it.value();
+}
+
 // Qwen3.5's config.json (HF Qwen3_5(Moe)Config as Qwen/Qwen3.5-* ship it, tiny shape): the text
 // fields under text_config (model_type qwen3_5_text / qwen3_5_moe_text, with the keys the real
 // configs carry beside the ones kvq needs: attn_output_gate, mamba_ssm_dtype, mtp_*), a dummy
@@ -469,44 +517,14 @@ inline nlohmann::json make_qwen3_5_config(const Spec& s) {
   // text all three are the token index, so it changes nothing.
   const int ms = (rotary_half + 2) / 3;
   const json mrope = {ms, ms, rotary_half - 2 * ms};
-  json t = {{"model_type", moe ? "qwen3_5_moe_text" : "qwen3_5_text"},
-            {"vocab_size", s.vocab},
-            {"hidden_size", s.hidden},
-            {"num_hidden_layers", s.layers},
-            {"num_attention_heads", s.heads},
-            {"num_key_value_heads", s.kv_heads},
-            {"head_dim", s.head_dim},
-            {"hidden_act", "silu"},
-            {"max_position_embeddings", s.max_pos},
-            {"rms_norm_eps", s.eps},
-            {"tie_word_embeddings", s.tied},
-            {"attention_bias", false},
-            {"attention_dropout", 0.0},
-            {"attn_output_gate", true},
-            {"linear_conv_kernel_dim", s.conv_kernel},
-            {"linear_key_head_dim", s.lin_k_dim},
-            {"linear_value_head_dim", s.lin_v_dim},
-            {"linear_num_key_heads", s.lin_k_heads},
-            {"linear_num_value_heads", s.lin_v_heads},
-            {"full_attention_interval", s.full_attention_interval},
-            {"mamba_ssm_dtype", "float32"},
-            {"mtp_num_hidden_layers", 1},
-            {"mtp_use_dedicated_embeddings", false},
-            {"initializer_range", 0.02},
-            {"use_cache", true},
-            {"bos_token_id", s.bos_id},
-            {"eos_token_id", s.eos_id},
-            {"dtype", "bfloat16"}};
-  if (moe) {
-    t["num_experts"] = s.experts;
-    t["num_experts_per_tok"] = s.top_k;
-    t["moe_intermediate_size"] = s.moe_inter;
-    t["shared_expert_intermediate_size"] = s.shared_inter > 0 ? s.shared_inter : s.moe_inter;
-    t["router_aux_loss_coef"] = 0.001;
-    t["output_router_logits"] = false;
-  } else {
-    t["intermediate_size"] = s.inter;
-  }
+  json t = hybrid_config_fields(s, moe);
+  t["model_type"] = moe ? "qwen3_5_moe_text" : "qwen3_5_text";
+  t["attn_output_gate"] = true;
+  t["mamba_ssm_dtype"] = "float32";
+  t["mtp_num_hidden_layers"] = 1;
+  t["mtp_use_dedicated_embeddings"] = false;
+  t["dtype"] = "bfloat16";
+  if (!moe) t["intermediate_size"] = s.inter;
   if (s.classic_rope) {
     t["rope_theta"] = s.theta;
     t["partial_rotary_factor"] = s.partial_rotary_factor;
@@ -517,12 +535,7 @@ inline nlohmann::json make_qwen3_5_config(const Spec& s) {
                             {"mrope_section", mrope},
                             {"mrope_interleaved", true}};
   }
-  if (s.write_layer_types) {
-    json lt = json::array();
-    for (int l = 0; l < s.layers; ++l) lt.push_back(s.layer_type(l));
-    t["layer_types"] = lt;
-  }
-  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) t[it.key()] = it.value();
+  merge_extra(t, s);
   return {{"architectures", {class_of(s.family)}},
           {"model_type", s.family},
           {"text_config", t},
@@ -553,52 +566,20 @@ inline nlohmann::json make_qwen3_5_config(const Spec& s) {
 // Spec::extra is merged last.
 inline nlohmann::json make_qwen3_next_config(const Spec& s) {
   using nlohmann::json;
-  json c = {{"architectures", {class_of(s.family)}},
-            {"model_type", s.family},
-            {"vocab_size", s.vocab},
-            {"hidden_size", s.hidden},
-            {"intermediate_size", s.inter},
-            {"num_hidden_layers", s.layers},
-            {"num_attention_heads", s.heads},
-            {"num_key_value_heads", s.kv_heads},
-            {"head_dim", s.head_dim},
-            {"hidden_act", "silu"},
-            {"max_position_embeddings", s.max_pos},
-            {"rms_norm_eps", s.eps},
-            {"tie_word_embeddings", s.tied},
-            {"attention_bias", false},
-            {"attention_dropout", 0.0},
-            {"rope_theta", s.theta},
-            {"partial_rotary_factor", s.partial_rotary_factor},
-            {"rope_scaling", nullptr},
-            {"linear_conv_kernel_dim", s.conv_kernel},
-            {"linear_key_head_dim", s.lin_k_dim},
-            {"linear_value_head_dim", s.lin_v_dim},
-            {"linear_num_key_heads", s.lin_k_heads},
-            {"linear_num_value_heads", s.lin_v_heads},
-            {"full_attention_interval", s.full_attention_interval},
-            {"num_experts", s.experts},
-            {"num_experts_per_tok", s.top_k},
-            {"moe_intermediate_size", s.moe_inter},
-            {"shared_expert_intermediate_size", s.shared_inter > 0 ? s.shared_inter : s.moe_inter},
-            {"norm_topk_prob", s.norm_topk_prob},
-            {"decoder_sparse_step", s.decoder_sparse_step},
-            {"mlp_only_layers", s.mlp_only_layers},
-            {"output_router_logits", false},
-            {"router_aux_loss_coef", 0.001},
-            {"use_sliding_window", false},
-            {"initializer_range", 0.02},
-            {"use_cache", true},
-            {"bos_token_id", s.bos_id},
-            {"eos_token_id", s.eos_id},
-            {"torch_dtype", "bfloat16"},
-            {"transformers_version", "4.57.0.dev0"}};
-  if (s.write_layer_types) {
-    json lt = json::array();
-    for (int l = 0; l < s.layers; ++l) lt.push_back(s.layer_type(l));
-    c["layer_types"] = lt;
-  }
-  for (auto it = s.extra.begin(); it != s.extra.end(); ++it) c[it.key()] = it.value();
+  json c = hybrid_config_fields(s, true);
+  c["architectures"] = {class_of(s.family)};
+  c["model_type"] = s.family;
+  c["intermediate_size"] = s.inter;
+  c["rope_theta"] = s.theta;
+  c["partial_rotary_factor"] = s.partial_rotary_factor;
+  c["rope_scaling"] = nullptr;
+  c["norm_topk_prob"] = s.norm_topk_prob;
+  c["decoder_sparse_step"] = s.decoder_sparse_step;
+  c["mlp_only_layers"] = s.mlp_only_layers;
+  c["use_sliding_window"] = false;
+  c["torch_dtype"] = "bfloat16";
+  c["transformers_version"] = "4.57.0.dev0";
+  merge_extra(c, s);
   return c;
 }
 

@@ -412,18 +412,7 @@ const std::vector<Variant>& variants() {
 }
 
 TEST(Gemma3, ForwardMatchesReference) {
-  uint32_t k = 0;
-  for (const Variant& v : variants()) {
-    SCOPED_TRACE(v.what);
-    Fixture f(variant_spec(v, 7 + k++));
-    double worst = 0;
-    for (uint32_t seed : {11u, 12u, 13u}) {
-      const double d = f.compare(prompt(kPrompt + int(seed % 3), f.ck.s.vocab, seed));
-      worst = std::max(worst, d);
-      EXPECT_LT(d, kTol) << v.what << ", prompt seed " << seed;
-    }
-    std::cout << "[ info ] gemma3 '" << v.what << "' max rel diff " << worst << "\n";
-  }
+  test::forward_matches_reference(variants(), variant_spec, prompt, kPrompt, kTol, "gemma3");
 }
 
 // The GELU probe (see gelu_probe): kvq's MLP is the tanh form.

@@ -38,6 +38,7 @@
 #include "family_test_util.hpp"
 #include "hf_reference.hpp"
 #include "hf_tiny.hpp"
+#include "hybrid_test_util.hpp"
 #include "kvq/model/capture.hpp"
 #include "kvq/model/model.hpp"
 #include "model_test_util.hpp"
@@ -62,49 +63,10 @@ constexpr int kPrompt = 20;
 constexpr int kBos = 3;
 const std::string kPre = "model.language_model.";
 
-// head_dim 64 != hidden / heads (16), 16 of it rotating (partial_rotary_factor 0.25); GQA groups of
-// 2; DeltaNet 2 q/k heads serving 4 value heads (2 each), dk = dv = 16, conv_dim 2·32 + 64 = 128.
-// Scales: norm offsets N(0, 0.3), q/k norm offsets N(0, 0.5), projections N(0, 0.15), the
-// DeltaNet's decay exp(g) in about (0.24, 0.97) (A_log, dt_bias and in_proj_a per hf::Spec's defaults),
-// its q channels correlated with its k channels (lin_qk_overlap 0.8). Without that overlap, random
-// q and k in 16 dims are often near-orthogonal, o = Sᵀq is then a near-zero cancellation at some
-// (token, head), and the output norm scales its fp32 roundoff up to unit size: kvq's fp32 forward
-// measured up to 6.8e-5 from the reference through six stacked DeltaNet layers (1e-6 through one),
-// too near kTol for an exact implementation to be safe; with it, <= 1.8e-5 over ten prompts of
-// each variant below. (Measured in Qwen3_5Reference.EveryFeatureMatters: every control still moves
-// the logits by >= 0.06 of max |logit|, q and k swapped in the split by >= 1.1.)
+// test::hybrid_spec's shape (head_dim 64 of which 16 rotate, GQA groups of 2, DeltaNet 2 q/k heads
+// serving 4 value heads, dk = dv = 16) and scales; see there why lin_qk_overlap.
 hf::Spec spec(uint32_t seed, const std::string& family = "qwen3_5") {
-  hf::Spec s;
-  s.family = family;
-  s.hidden = 64;
-  s.layers = kLayers;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 64;
-  s.partial_rotary_factor = 0.25;
-  s.inter = 96;
-  s.vocab = 80;
-  s.max_pos = 4096;
-  s.eps = 1e-6;
-  s.theta = 1e6;
-  s.lin_k_heads = 2;
-  s.lin_v_heads = 4;
-  s.lin_k_dim = 16;
-  s.lin_v_dim = 16;
-  s.experts = 8;
-  s.top_k = 2;
-  s.moe_inter = 32;
-  s.shared_inter = 48;
-  s.bos_id = kBos;
-  s.eos_id = 1;
-  s.seed = seed;
-  s.scale = 0.15;
-  s.embed_scale = 0.5;
-  s.norm_jitter = 0.3;
-  s.qk_norm_jitter = 0.5;
-  s.router_scale = 0.5;
-  s.lin_qk_overlap = 0.8;
-  return s;
+  return test::hybrid_spec(seed, family, kLayers, kBos);
 }
 
 // BOS, then seeded ids (never BOS again).
@@ -561,34 +523,14 @@ const std::vector<Variant>& variants() {
 }
 
 TEST(Qwen3_5, ForwardMatchesReference) {
-  uint32_t k = 0;
-  for (const Variant& v : variants()) {
-    SCOPED_TRACE(v.what);
-    Fixture f(variant_spec(v, 7 + k++));
-    double worst = 0;
-    for (uint32_t seed : {11u, 12u, 13u}) {
-      const double d = f.compare(prompt(kPrompt + int(seed % 3), f.ck.s.vocab, seed));
-      worst = std::max(worst, d);
-      EXPECT_LT(d, kTol) << v.what << ", prompt seed " << seed;
-    }
-    std::cout << "[ info ] qwen3_5 '" << v.what << "' max rel diff " << worst << "\n";
-  }
+  test::forward_matches_reference(variants(), variant_spec, prompt, kPrompt, kTol, "qwen3_5");
 }
 
 TEST(Qwen3_5, StreamedEqualsWholeAndGreedyMatches) {
   for (const Variant& v : {variants()[1], variants()[6], variants()[7]}) {
     SCOPED_TRACE(v.what);
     const hf::Spec s = variant_spec(v, 3);
-    Fixture whole(s), streamed(s, true);
-    const auto ids = prompt(kPrompt, s.vocab, 5);
-    EXPECT_TRUE(at::equal(at::tensor(kvq_logits(whole.model, ids)), at::tensor(kvq_logits(streamed.model, ids))));
-    EXPECT_LT(streamed.compare(ids), kTol);
-    std::vector<int> a = prompt(5, s.vocab, 9), b = a;
-    for (int step = 0; step < 10; ++step) {
-      a.push_back(int(argmax_rows(kvq_logits(whole.model, a), s.vocab).back()));
-      b.push_back(int(argmax_rows(ref::forward(whole.ck.m, b), s.vocab).back()));
-    }
-    EXPECT_EQ(a, b);
+    test::expect_streamed_equals_whole_and_greedy(s, prompt(kPrompt, s.vocab, 5), prompt(5, s.vocab, 9), kTol);
   }
 }
 
@@ -710,41 +652,12 @@ TEST(Qwen3_5, Fp8BlockCheckpointMatchesReference) {
 // kvq's captures name its KV layers: the observer sees n_layers layers, layer l being decoder layer
 // attn_layer_index[l], with the query heads' pre-RoPE q after q_norm (not the gate rows), the
 // pre-RoPE k after k_norm and v, as the reference's trace of that attention layer has them.
-struct CaptureQkv : CaptureObserver {
-  std::vector<int> layers;
-  std::vector<std::vector<float>> q, k, v;
-  void on_layer(const LayerCapture& c) override {
-    layers.push_back(c.layer);
-    q.emplace_back(c.q, c.q + size_t(c.batch) * c.seq * c.n_heads * c.head_dim);
-    k.emplace_back(c.k, c.k + size_t(c.batch) * c.seq * c.n_kv_heads * c.head_dim);
-    v.emplace_back(c.v, c.v + size_t(c.batch) * c.seq * c.n_kv_heads * c.v_dim());
-  }
-};
-
 TEST(Qwen3_5, CapturesAreTheAttentionLayers) {
   for (const Variant& v : {variants()[0], variants()[7]}) {
     SCOPED_TRACE(v.what);
     Fixture f(variant_spec(v, 2));
     const auto ids = prompt(12, f.ck.s.vocab, 3);
-    CaptureQkv cap;
-    Model::ForwardOptions o;
-    o.observer = &cap;
-    o.logits = false;
-    std::vector<int64_t> iv(ids.begin(), ids.end());
-    f.model.forward(at::tensor(iv, at::kLong).view({1, int64_t(iv.size())}), o);
-    ref::Trace tr;
-    ref::forward(f.ck.m, ids, {}, &tr);
-    const std::vector<int> attn = f.ck.m.attn_layers();
-    ASSERT_EQ(tr.k.size(), attn.size());
-    std::vector<int> want(attn.size());
-    for (size_t l = 0; l < want.size(); ++l) want[l] = int(l);
-    ASSERT_EQ(cap.layers, want);
-    EXPECT_EQ(f.model.config().attn_layer_index, attn);
-    for (size_t l = 0; l < attn.size(); ++l) {
-      EXPECT_LT(ref::rel_max_diff(ref::Vec(cap.q[l].begin(), cap.q[l].end()), tr.q[l]), kTol) << "q, KV layer " << l;
-      EXPECT_LT(ref::rel_max_diff(ref::Vec(cap.k[l].begin(), cap.k[l].end()), tr.k[l]), kTol) << "k, KV layer " << l;
-      EXPECT_LT(ref::rel_max_diff(ref::Vec(cap.v[l].begin(), cap.v[l].end()), tr.v[l]), kTol) << "v, KV layer " << l;
-    }
+    ASSERT_NO_FATAL_FAILURE(test::expect_captures_are_attention_layers(f, ids, kTol));
   }
 }
 

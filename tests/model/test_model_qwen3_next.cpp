@@ -24,7 +24,6 @@
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
-#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -32,6 +31,7 @@
 #include "family_test_util.hpp"
 #include "hf_reference.hpp"
 #include "hf_tiny.hpp"
+#include "hybrid_test_util.hpp"
 #include "kvq/model/capture.hpp"
 #include "kvq/model/model.hpp"
 #include "model_test_util.hpp"
@@ -39,15 +39,7 @@
 namespace kvq {
 namespace {
 
-namespace hf = test::hf;
-namespace ref = test::ref;
-using test::argmax_rows;
-using test::Checkpoint;
-using test::control;
-using test::Fixture;
-using test::kvq_logits;
-using test::make_checkpoint;
-using nlohmann::json;
+using namespace test::family_names;
 
 constexpr double kTol = 1e-4;
 constexpr double kControl = 1e-2;
@@ -56,44 +48,15 @@ constexpr int kPrompt = 20;
 constexpr int kBos = 3;
 const std::string kPre = "model.";
 
-// test_model_qwen3_5.cpp's shape (see its spec() for the scales and why lin_qk_overlap): head_dim 64
-// (16 rotating), GQA groups of 2; DeltaNet 2 q/k heads serving 4 value heads, dk = dv = 16, so
+// test_model_qwen3_5.cpp's shape (test::hybrid_spec; see there for the scales and why
+// lin_qk_overlap): head_dim 64 (16 rotating), GQA groups of 2; DeltaNet 2 q/k heads serving 4 value heads, dk = dv = 16, so
 // in_proj_qkvz has 2 groups of 2·16 + 2·2·16 = 96 rows and conv_dim is 2·32 + 64 = 128; 8 experts
 // top-2 of 32, a shared expert of 48, dense layers (mlp_only_layers, decoder_sparse_step) of 96.
 hf::Spec spec(uint32_t seed) {
-  hf::Spec s;
-  s.family = "qwen3_next";
-  s.hidden = 64;
-  s.layers = kLayers;
-  s.heads = 4;
-  s.kv_heads = 2;
-  s.head_dim = 64;
-  s.partial_rotary_factor = 0.25;
-  s.inter = 96;
-  s.vocab = 80;
-  s.max_pos = 4096;
-  s.eps = 1e-6;
-  s.theta = 1e6;
-  s.lin_k_heads = 2;
-  s.lin_v_heads = 4;
-  s.lin_k_dim = 16;
-  s.lin_v_dim = 16;
-  s.experts = 8;
-  s.top_k = 2;
-  s.moe_inter = 32;
-  s.shared_inter = 48;
+  hf::Spec s = test::hybrid_spec(seed, "qwen3_next", kLayers, kBos);
   s.norm_topk_prob = true;
   s.decoder_sparse_step = 1;
   s.mlp_only_layers = {};
-  s.bos_id = kBos;
-  s.eos_id = 1;
-  s.seed = seed;
-  s.scale = 0.15;
-  s.embed_scale = 0.5;
-  s.norm_jitter = 0.3;
-  s.qk_norm_jitter = 0.5;
-  s.router_scale = 0.5;
-  s.lin_qk_overlap = 0.8;
   return s;
 }
 
@@ -544,72 +507,23 @@ const std::vector<Variant>& variants() {
 }
 
 TEST(Qwen3Next, ForwardMatchesReference) {
-  uint32_t k = 0;
-  for (const Variant& v : variants()) {
-    SCOPED_TRACE(v.what);
-    Fixture f(variant_spec(v, 7 + k++));
-    double worst = 0;
-    for (uint32_t seed : {11u, 12u, 13u}) {
-      const double d = f.compare(prompt(kPrompt + int(seed % 3), f.ck.s.vocab, seed));
-      worst = std::max(worst, d);
-      EXPECT_LT(d, kTol) << v.what << ", prompt seed " << seed;
-    }
-    std::cout << "[ info ] qwen3_next '" << v.what << "' max rel diff " << worst << "\n";
-  }
+  test::forward_matches_reference(variants(), variant_spec, prompt, kPrompt, kTol, "qwen3_next");
 }
 
 TEST(Qwen3Next, StreamedEqualsWholeAndGreedyMatches) {
   for (const Variant& v : {variants()[1], variants()[3], variants()[5]}) {
     SCOPED_TRACE(v.what);
     const hf::Spec s = variant_spec(v, 3);
-    Fixture whole(s), streamed(s, true);
-    const auto ids = prompt(kPrompt, s.vocab, 5);
-    EXPECT_TRUE(at::equal(at::tensor(kvq_logits(whole.model, ids)), at::tensor(kvq_logits(streamed.model, ids))));
-    EXPECT_LT(streamed.compare(ids), kTol);
-    std::vector<int> a = prompt(5, s.vocab, 9), b = a;
-    for (int step = 0; step < 10; ++step) {
-      a.push_back(int(argmax_rows(kvq_logits(whole.model, a), s.vocab).back()));
-      b.push_back(int(argmax_rows(ref::forward(whole.ck.m, b), s.vocab).back()));
-    }
-    EXPECT_EQ(a, b);
+    test::expect_streamed_equals_whole_and_greedy(s, prompt(kPrompt, s.vocab, 5), prompt(5, s.vocab, 9), kTol);
   }
 }
 
 // kvq's captures name its KV layers (as for Qwen3.5): layer l is decoder layer attn_layer_index[l],
 // with the query heads' pre-RoPE q after q_norm, the pre-RoPE k after k_norm, and v.
-struct CaptureQkv : CaptureObserver {
-  std::vector<int> layers;
-  std::vector<std::vector<float>> q, k, v;
-  void on_layer(const LayerCapture& c) override {
-    layers.push_back(c.layer);
-    q.emplace_back(c.q, c.q + size_t(c.batch) * c.seq * c.n_heads * c.head_dim);
-    k.emplace_back(c.k, c.k + size_t(c.batch) * c.seq * c.n_kv_heads * c.head_dim);
-    v.emplace_back(c.v, c.v + size_t(c.batch) * c.seq * c.n_kv_heads * c.v_dim());
-  }
-};
-
 TEST(Qwen3Next, CapturesAreTheAttentionLayers) {
   Fixture f(variant_spec(variants()[5], 2));
   const auto ids = prompt(12, f.ck.s.vocab, 3);
-  CaptureQkv cap;
-  Model::ForwardOptions o;
-  o.observer = &cap;
-  o.logits = false;
-  std::vector<int64_t> iv(ids.begin(), ids.end());
-  f.model.forward(at::tensor(iv, at::kLong).view({1, int64_t(iv.size())}), o);
-  ref::Trace tr;
-  ref::forward(f.ck.m, ids, {}, &tr);
-  const std::vector<int> attn = f.ck.m.attn_layers();
-  ASSERT_EQ(tr.k.size(), attn.size());
-  std::vector<int> want(attn.size());
-  std::iota(want.begin(), want.end(), 0);
-  ASSERT_EQ(cap.layers, want);
-  EXPECT_EQ(f.model.config().attn_layer_index, attn);
-  for (size_t l = 0; l < attn.size(); ++l) {
-    EXPECT_LT(ref::rel_max_diff(ref::Vec(cap.q[l].begin(), cap.q[l].end()), tr.q[l]), kTol) << "q, KV layer " << l;
-    EXPECT_LT(ref::rel_max_diff(ref::Vec(cap.k[l].begin(), cap.k[l].end()), tr.k[l]), kTol) << "k, KV layer " << l;
-    EXPECT_LT(ref::rel_max_diff(ref::Vec(cap.v[l].begin(), cap.v[l].end()), tr.v[l]), kTol) << "v, KV layer " << l;
-  }
+  test::expect_captures_are_attention_layers(f, ids, kTol);
 }
 
 // Refused in one line naming config.json and the key, or the tensor: linear_num_value_heads not a
