@@ -149,4 +149,33 @@ void forward_matches_reference(const std::vector<Variant>& variants, SpecOf vari
   }
 }
 
+// The BF16 forward against the BF16-emulated reference (bf16_bound.hpp), per prompt: kvq's distance
+// to the emulation, the emulation's own move when its products are perturbed by 1e-6 relative (fp32
+// accumulation's size of error) before rounding, and kvq's distance to the plain float64 reference.
+struct Bf16Spread {
+  std::vector<double> got, spread, plain;
+  double max_got() const { return *std::max_element(got.begin(), got.end()); }
+  double max_spread() const { return *std::max_element(spread.begin(), spread.end()); }
+};
+inline Bf16Spread measure_bf16_spread(const Model& m, const ref::Model& r, const std::vector<std::vector<int>>& prompts) {
+  Bf16Spread out;
+  for (const auto& ids : prompts) {
+    const ref::Vec got = kvq_logits(m, ids);
+    out.plain.push_back(ref::rel_max_diff(got, ref::forward(r, ids)));
+    ref::Bf16Emulation on;
+    const ref::Vec e0 = ref::forward(r, ids);
+    ref::bf16_control().noise = 1e-6;
+    const ref::Vec e1 = ref::forward(r, ids);
+    ref::bf16_control().noise = 0;
+    out.got.push_back(ref::rel_max_diff(got, e0));
+    out.spread.push_back(ref::rel_max_diff(e1, e0));
+  }
+  return out;
+}
+// The median of an even-sized sample (the mean of the two middle values).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
 }  // namespace kvq::test

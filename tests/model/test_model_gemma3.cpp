@@ -551,27 +551,17 @@ TEST(Gemma3, BadInputsRefusedInOneLine) {
 // most 3x the largest spread and its median at most 3x the spread's median; the plain reference is
 // held to the roundoff bound and the floor; greedy ids equal; streamed = whole, bit for bit.
 TEST(Bf16Forward, Gemma3MatchesTheEmulatedReferenceWithinItsOwnSpread) {
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  };
+  using test::median;
   for (const Variant& v : {variants()[4], variants()[9]}) {
     SCOPED_TRACE(v.what);
     const hf::Spec s = variant_spec(v, 3);
     Fixture f(s, false, Precision::kBf16), streamed(s, true, Precision::kBf16);
-    std::vector<double> got_d, spread, plain;
-    for (uint32_t seed = 100; seed < 106; ++seed) {
-      const auto ids = prompt(14, s.vocab, seed);
-      const ref::Vec got = kvq_logits(f.model, ids);
-      plain.push_back(ref::rel_max_diff(got, ref::forward(f.ck.m, ids)));
-      ref::Bf16Emulation on;
-      const ref::Vec e0 = ref::forward(f.ck.m, ids);
-      ref::bf16_control().noise = 1e-6;
-      const ref::Vec e1 = ref::forward(f.ck.m, ids);
-      ref::bf16_control().noise = 0;
-      got_d.push_back(ref::rel_max_diff(got, e0));
-      spread.push_back(ref::rel_max_diff(e1, e0));
-    }
+    std::vector<std::vector<int>> prompts;
+    for (uint32_t seed = 100; seed < 106; ++seed) prompts.push_back(prompt(14, s.vocab, seed));
+    const test::Bf16Spread m = test::measure_bf16_spread(f.model, f.ck.m, prompts);
+    const std::vector<double>& got_d = m.got;
+    const std::vector<double>& spread = m.spread;
+    const std::vector<double>& plain = m.plain;
     const double max_spread = *std::max_element(spread.begin(), spread.end());
     const double max_plain = *std::max_element(plain.begin(), plain.end());
     std::cout << "[ info ] gemma3 '" << v.what << "' BF16: kvq vs emulated median " << median(got_d) << " max "

@@ -454,23 +454,13 @@ TEST(Bf16Forward, GptOssStreamedEqualsWhole) {
 TEST(Bf16Forward, GptOssMatchesTheEmulatedReferenceWithinItsOwnSpread) {
   const hf::Spec s = spec(3);
   Fixture f(s, false, Precision::kBf16);
-  std::vector<double> got_d, spread, plain;
-  for (uint32_t seed = 100; seed < 106; ++seed) {
-    const auto ids = seeded_ids(14, s.vocab, seed);
-    const ref::Vec got = kvq_logits(f.model, ids);
-    plain.push_back(ref::rel_max_diff(got, ref::forward(f.ck.m, ids)));
-    ref::Bf16Emulation on;
-    const ref::Vec e0 = ref::forward(f.ck.m, ids);
-    ref::bf16_control().noise = 1e-6;
-    const ref::Vec e1 = ref::forward(f.ck.m, ids);
-    ref::bf16_control().noise = 0;
-    got_d.push_back(ref::rel_max_diff(got, e0));
-    spread.push_back(ref::rel_max_diff(e1, e0));
-  }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-  };
+  std::vector<std::vector<int>> prompts;
+  for (uint32_t seed = 100; seed < 106; ++seed) prompts.push_back(seeded_ids(14, s.vocab, seed));
+  const test::Bf16Spread b = test::measure_bf16_spread(f.model, f.ck.m, prompts);
+  const std::vector<double>& got_d = b.got;
+  const std::vector<double>& spread = b.spread;
+  const std::vector<double>& plain = b.plain;
+  using test::median;
   const double max_spread = *std::max_element(spread.begin(), spread.end());
   std::cout << "[ info ] gpt_oss BF16: kvq vs emulated median " << median(got_d) << " max "
             << *std::max_element(got_d.begin(), got_d.end()) << "; emulation's own spread median " << median(spread)

@@ -27,6 +27,7 @@
 #include "h5_root.hpp"
 #include "run_cmd.hpp"
 #include "tiny_family_files.hpp"
+#include "bad_provenance.hpp"
 
 namespace fs = std::filesystem;
 using namespace kvq;
@@ -34,7 +35,6 @@ using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
 using kvq::test::slurp;
-using kvq::test::set_root_version;
 
 namespace {
 
@@ -56,14 +56,6 @@ std::vector<int> full_attention_layers(const nlohmann::json& tc) {
   return out;
 }
 
-std::string calib_error(const std::string& path) {
-  try {
-    read_calib(path, false);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 std::string alloc_error(const std::string& path) {
   try {
@@ -130,12 +122,7 @@ TEST(HybridCalib, BadDecoderLayersAreRefusedInOneLine) {
   const CalibFile good = read_calib(f.cal, true);
   ASSERT_TRUE(good.prov.hybrid());
   const int L = good.prov.n_layers;
-  const struct {
-    const char* name;
-    std::function<void(CalibProvenance&)> edit;
-    const char* field;
-    const char* what;
-  } cases[] = {
+  const std::vector<test::BadProvenance> cases = {
       {"short", [](CalibProvenance& p) { p.decoder_layers.pop_back(); }, "provenance.decoder_layers", "entries for n_layers"},
       {"long", [](CalibProvenance& p) { p.decoder_layers.push_back(p.n_decoder_layers - 1); }, "provenance.decoder_layers",
        "entries for n_layers"},
@@ -148,34 +135,13 @@ TEST(HybridCalib, BadDecoderLayersAreRefusedInOneLine) {
       {"decoder_count", [L](CalibProvenance& p) { p.n_decoder_layers = L - 1; }, "provenance.n_decoder_layers",
        "is not between n_layers"},
   };
-  for (const auto& cs : cases) {
-    SCOPED_TRACE(cs.name);
-    CalibFile c = good;
-    cs.edit(c.prov);
-    const std::string path = temp_path(std::string("hybrid_calib_bad_") + cs.name + ".kvqcal.h5");
-    write_calib(path, c);
-    const std::string err = calib_error(path);
-    EXPECT_NE(err.find(cs.field), std::string::npos) << err;
-    EXPECT_NE(err.find(cs.what), std::string::npos) << err;
-    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-    const auto r = run_cmd(bin("kvq-allocate") + " -q --calib " + path + " --method uniform --bpd 4 --out " +
-                           temp_path("hybrid_calib_bad.kvqalloc.h5"));
-    EXPECT_EQ(r.status, 2) << r.err;
-    EXPECT_NE(r.err.find(cs.field), std::string::npos) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    EXPECT_FALSE(fs::exists(temp_path("hybrid_calib_bad.kvqalloc.h5")));
-    std::printf("%s: %s", cs.name, r.err.c_str());
-  }
+  const std::string out = temp_path("hybrid_calib_bad.kvqalloc.h5");
+  test::expect_bad_provenance_refused(
+      good, "hybrid_calib_bad", cases,
+      [&](const std::string& path) { return bin("kvq-allocate") + " -q --calib " + path + " --method uniform --bpd 4 --out " + out; },
+      out);
   // The keys in a file of version 7.
-  const std::string v7 = temp_path("hybrid_calib_v7.kvqcal.h5");
-  write_calib(v7, good);
-  set_root_version(v7, 7);
-  const std::string err = calib_error(v7);
-  EXPECT_NE(err.find("provenance.decoder_layers"), std::string::npos) << err;
-  EXPECT_NE(err.find("version >= 8"), std::string::npos) << err;
-  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-  set_root_version(v7, 8);  // control: the same file at its own version reads
-  EXPECT_EQ(calib_error(v7), "");
+  test::expect_keys_refused_below(good, "hybrid_calib", 8, "provenance.decoder_layers");
 
   // The allocation file: a map of another length, and the keys in a version-7 file.
   AllocFile a = read_alloc(f.alloc);

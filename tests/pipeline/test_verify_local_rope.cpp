@@ -34,6 +34,7 @@
 #include "h5_root.hpp"
 #include "run_cmd.hpp"
 #include "tiny_family_files.hpp"
+#include "bad_provenance.hpp"
 #include "verify_brute.hpp"
 
 namespace fs = std::filesystem;
@@ -42,7 +43,6 @@ using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
 using kvq::test::slurp;
-using kvq::test::set_root_version;
 using kvq::test::expect_same;
 using kvq::test::verify_cpu;
 
@@ -109,14 +109,6 @@ Metrics brute_force(const CalibFile& c, const AllocFile& a, int layer, const Rop
 
 constexpr double kMaeTol = test::kBruteMaeTol, kKlTol = test::kBruteKlTol;
 
-std::string read_error(const std::string& path) {
-  try {
-    read_calib(path, false);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 
 }  // namespace
@@ -231,12 +223,7 @@ TEST(VerifyLocalRope, BadLocalRopeIsRefusedInOneLine) {
   const test::TinyFiles f = make_files();
   const CalibFile good = read_calib(f.cal, true);
   ASSERT_TRUE(good.prov.has_local_rope());
-  const struct {
-    const char* name;
-    std::function<void(CalibProvenance&)> edit;
-    const char* field;
-    const char* what;
-  } cases[] = {
+  const std::vector<test::BadProvenance> cases = {
       {"short", [](CalibProvenance& p) { p.rope_local_inv_freq.pop_back(); }, "provenance.rope_local_inv_freq",
        "15 frequencies, rope_inv_freq has 16"},
       {"long", [](CalibProvenance& p) { p.rope_local_inv_freq.push_back(1e-5); }, "provenance.rope_local_inv_freq",
@@ -252,44 +239,14 @@ TEST(VerifyLocalRope, BadLocalRopeIsRefusedInOneLine) {
       {"layer_minus_1", [](CalibProvenance& p) { p.rope_local_layers[0] = -1; }, "provenance.rope_local_layers",
        "layer -1 outside [0, 7)"},
   };
-  for (const auto& cs : cases) {
-    SCOPED_TRACE(cs.name);
-    CalibFile c = good;
-    cs.edit(c.prov);
-    const std::string path = temp_path(std::string("verify_local_rope_bad_") + cs.name + ".kvqcal.h5");
-    write_calib(path, c);
-    const std::string err = read_error(path);
-    EXPECT_NE(err.find(cs.field), std::string::npos) << err;
-    EXPECT_NE(err.find(cs.what), std::string::npos) << err;
-    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-    // The tool: exit 2, one line naming the field.
-    const auto r = run_cmd(bin("kvq-verify") + " -q --calib " + path + " --alloc " + f.alloc + " --json " +
-                           temp_path("verify_local_rope_bad.json"));
-    EXPECT_EQ(r.status, 2) << r.err;
-    EXPECT_NE(r.err.find(cs.field), std::string::npos) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-    std::printf("%s: %s", cs.name, r.err.c_str());
-  }
-
+  // The tool: exit 2, one line naming the field.
+  const test::ToolOnCalib verify = [&](const std::string& path) {
+    return bin("kvq-verify") + " -q --calib " + path + " --alloc " + f.alloc + " --json " +
+           temp_path("verify_local_rope_bad.json");
+  };
+  test::expect_bad_provenance_refused(good, "verify_local_rope_bad", cases, verify);
   // The keys in a file of version 6 (the provenance dataset as version 7 writes it).
-  const std::string v6 = temp_path("verify_local_rope_v6.kvqcal.h5");
-  write_calib(v6, good);
-  set_root_version(v6, 6);
-  ASSERT_EQ(kvq::test::read_root_text_raw(v6, "provenance").version, 6);
-  const std::string err = read_error(v6);
-  EXPECT_NE(err.find("provenance.rope_local_inv_freq"), std::string::npos) << err;
-  EXPECT_NE(err.find("version >= 7"), std::string::npos) << err;
-  EXPECT_NE(err.find("version 6"), std::string::npos) << err;
-  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-  const auto r = run_cmd(bin("kvq-verify") + " -q --calib " + v6 + " --alloc " + f.alloc + " --json " +
-                         temp_path("verify_local_rope_v6.json"));
-  EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_NE(r.err.find("provenance.rope_local_inv_freq"), std::string::npos) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  std::printf("version 6: %s", r.err.c_str());
-  // Control: the same file at its own version reads.
-  set_root_version(v6, 7);
-  EXPECT_EQ(read_error(v6), "");
+  test::expect_keys_refused_below(good, "verify_local_rope", 7, "provenance.rope_local_inv_freq", verify);
 }
 
 TEST(VerifyLocalRope, MergeRefusesDifferentLocalRope) {

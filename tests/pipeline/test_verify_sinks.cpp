@@ -34,6 +34,7 @@
 #include "h5_root.hpp"
 #include "run_cmd.hpp"
 #include "tiny_family_files.hpp"
+#include "bad_provenance.hpp"
 #include "verify_brute.hpp"
 
 namespace fs = std::filesystem;
@@ -42,7 +43,6 @@ using kvq::test::bin;
 using kvq::test::run_cmd;
 using kvq::test::temp_path;
 using kvq::test::slurp;
-using kvq::test::set_root_version;
 using kvq::test::expect_same;
 using kvq::test::verify_cpu;
 
@@ -97,14 +97,6 @@ Metrics brute_force(const CalibFile& c, const AllocFile& a, int layer, bool sink
   return test::verify_brute_force(c, a, layer, o);
 }
 
-std::string read_error(const std::string& path) {
-  try {
-    read_calib(path, false);
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 
 }  // namespace
@@ -210,12 +202,7 @@ TEST(VerifySinks, MetricsPutTheSinkInTheSoftmax) {
 TEST(VerifySinks, BadSinksAreRefusedInOneLine) {
   const test::TinyFiles f = make_files();
   const CalibFile good = read_calib(f.cal, true);
-  const struct {
-    const char* name;
-    std::function<void(CalibProvenance&)> edit;
-    const char* field;
-    const char* what;
-  } cases[] = {
+  const std::vector<test::BadProvenance> cases = {
       {"layers", [](CalibProvenance& p) { p.attention_sinks.pop_back(); }, "provenance.attention_sinks",
        "1 layers for n_layers 2"},
       {"heads", [](CalibProvenance& p) { p.attention_sinks[1].pop_back(); }, "provenance.attention_sinks[1]",
@@ -226,41 +213,13 @@ TEST(VerifySinks, BadSinksAreRefusedInOneLine) {
       {"inf", [](CalibProvenance& p) { p.attention_sinks[1][3] = std::numeric_limits<double>::infinity(); },
        "provenance.attention_sinks", ""},
   };
-  for (const auto& cs : cases) {
-    SCOPED_TRACE(cs.name);
-    CalibFile c = good;
-    cs.edit(c.prov);
-    const std::string path = temp_path(std::string("verify_sinks_bad_") + cs.name + ".kvqcal.h5");
-    write_calib(path, c);
-    const std::string err = read_error(path);
-    EXPECT_NE(err.find(cs.field), std::string::npos) << err;
-    EXPECT_NE(err.find(cs.what), std::string::npos) << err;
-    EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-    // The tools: exit 2, one line naming the field.
-    const auto r = run_cmd(bin("kvq-verify") + " -q --calib " + path + " --alloc " + f.alloc + " --json " +
-                           temp_path("verify_sinks_bad.json"));
-    EXPECT_EQ(r.status, 2) << r.err;
-    EXPECT_NE(r.err.find(cs.field), std::string::npos) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  }
-
+  // The tools: exit 2, one line naming the field.
+  test::expect_bad_provenance_refused(good, "verify_sinks_bad", cases, [&](const std::string& path) {
+    return bin("kvq-verify") + " -q --calib " + path + " --alloc " + f.alloc + " --json " + temp_path("verify_sinks_bad.json");
+  });
   // The key in a file of version 5 (the provenance dataset as version 6 writes it).
-  const std::string v5 = temp_path("verify_sinks_v5.kvqcal.h5");
-  write_calib(v5, good);
-  set_root_version(v5, 5);
-  ASSERT_EQ(kvq::test::read_root_text_raw(v5, "provenance").version, 5);
-  const std::string err = read_error(v5);
-  EXPECT_NE(err.find("provenance.attention_sinks"), std::string::npos) << err;
-  EXPECT_NE(err.find("version >= 6"), std::string::npos) << err;
-  EXPECT_NE(err.find("version 5"), std::string::npos) << err;
-  EXPECT_EQ(err.find('\n'), std::string::npos) << err;
-  const auto r = run_cmd(bin("kvq-inspect") + " " + v5 + " > /dev/null");
-  EXPECT_EQ(r.status, 2) << r.err;
-  EXPECT_NE(r.err.find("provenance.attention_sinks"), std::string::npos) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  // Control: the same file at its own version reads.
-  set_root_version(v5, 6);
-  EXPECT_EQ(read_error(v5), "");
+  test::expect_keys_refused_below(good, "verify_sinks", 6, "provenance.attention_sinks",
+                                  [](const std::string& path) { return bin("kvq-inspect") + " " + path + " > /dev/null"; });
 }
 
 TEST(VerifySinks, MergeRefusesDifferentSinks) {
